@@ -1,0 +1,153 @@
+"""The `dataflow` command: argument parsing and dispatch only; each command calls one library function.
+
+Exit codes: 0 done, 1 failed (the message says why), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from dataflow.errors import ConfigError, DataflowError, FormatError
+
+
+def _dataset(path: str):
+    from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
+
+    if "://" not in path and not path.endswith(".json") and not os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        splits = [s for s in ("train", "val") if os.path.exists(os.path.join(path, s, MANIFEST_NAME))]
+        if splits:
+            raise FormatError(f"{path} holds the splits {', '.join(splits)}; pass one of them, "
+                              f"e.g. {os.path.join(path, splits[0])}")
+    manifest = read_manifest(path)
+    return (os.path.dirname(path) if path.endswith(".json") else path), manifest
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from dataflow.preprocess.run import TokenizeConfig, tokenize
+
+    cfg = TokenizeConfig(
+        inputs=args.inputs, out=args.out, tokenizer=args.tokenizer, engine=args.engine,
+        text_field=args.text_field, id_field=args.id_field, format=args.format, compression=args.compression,
+        zstd_level=args.zstd_level, shard_size=args.shard_size, workers=args.workers, seed=args.seed,
+        val_fraction=args.val_fraction, eos=not args.no_eos, max_errors=args.max_errors,
+        overwrite=args.overwrite, progress=not args.no_progress)
+    summary = tokenize(cfg).to_dict()
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(f"tokenized {summary['documents']:,} documents into {summary['tokens']:,} tokens "
+              f"in {summary['seconds']:.1f} s ({summary['mb_per_s']} MB/s of text, "
+              f"{summary['tokens_per_s']:,} tokens/s; tokenizer {summary['tokenizer']}, engine {summary['engine']})")
+        for split, d in summary["datasets"].items():
+            print(f"  {split}: {d['documents']:,} documents, {d['tokens']:,} tokens, {d['shards']} shards, "
+                  f"{d['bytes'] / 1e6:.1f} MB")
+        if summary["errors"]:
+            print(f"  skipped {summary['errors']} bad records, listed in {os.path.join(args.out, '_errors.jsonl')}")
+        print(f"  output: {args.out}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from dataflow.formats.inspect import describe, format_description
+
+    root, manifest = _dataset(args.path)
+    info = describe(root, manifest, decode=args.decode)
+    print(json.dumps(info, indent=1, ensure_ascii=False) if args.json else format_description(info))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from dataflow.formats.verify import verify_dataset
+
+    root, manifest = _dataset(args.path)
+    problems = verify_dataset(root, manifest)
+    for p in problems:
+        print(f"BAD {p.path}: {p.problem}", file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} of {len(manifest.shards)} shards are bad", file=sys.stderr)
+        return 1
+    print(f"ok: {len(manifest.shards)} shards, {manifest.documents:,} documents, {manifest.tokens:,} tokens verified")
+    return 0
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from dataflow.formats.inspect import decode_documents
+
+    root, manifest = _dataset(args.path)
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for record in decode_documents(root, manifest):
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    finally:
+        if args.output:
+            out.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dataflow", description="Keep GPUs fed: tokenize, inspect, verify, "
+                                "decode and profile token datasets.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("tokenize", help="tokenize raw text into compressed shards")
+    t.add_argument("inputs", nargs="+", help="files, globs, folders or fsspec URLs (.jsonl[.gz|.zst], .parquet, .txt)")
+    t.add_argument("-o", "--out", required=True, help="output dataset folder")
+    t.add_argument("--tokenizer", default="bytes", help="bytes | PATH/URL to tokenizer.json | tiktoken:PATH")
+    t.add_argument("--engine", default="auto", choices=["auto", "hf", "tiktoken"])
+    t.add_argument("--text-field", default="text")
+    t.add_argument("--id-field", default="id")
+    t.add_argument("--format", default="arrow", choices=["arrow", "tar"])
+    t.add_argument("--compression", default="zstd", choices=["zstd", "none"])
+    t.add_argument("--zstd-level", type=int, default=None)
+    t.add_argument("--shard-size", default="128MB", help="token bytes per shard before compression (e.g. 256MB)")
+    t.add_argument("--workers", type=int, default=0, help="worker processes (default: CPU count)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--val-fraction", type=float, default=0.0)
+    t.add_argument("--no-eos", action="store_true", help="do not append EOS after each document")
+    t.add_argument("--max-errors", type=int, default=100, help="bad records tolerated before failing")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing dataset made with other settings")
+    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--json", action="store_true", help="print the summary as JSON")
+    t.set_defaults(func=cmd_tokenize)
+
+    i = sub.add_parser("inspect", help="manifest summary, shard table, first documents")
+    i.add_argument("path")
+    i.add_argument("--json", action="store_true")
+    i.add_argument("--decode", type=int, default=0, metavar="N", help="show the first N documents as text")
+    i.set_defaults(func=cmd_inspect)
+
+    v = sub.add_parser("verify", help="check every shard against the manifest")
+    v.add_argument("path")
+    v.set_defaults(func=cmd_verify)
+
+    d = sub.add_parser("decode", help="every document back as JSONL {id, text}")
+    d.add_argument("path")
+    d.add_argument("-o", "--output", default=None)
+    d.set_defaults(func=cmd_decode)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"dataflow {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except DataflowError as e:
+        print(f"dataflow {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"dataflow {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `dataflow decode x | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""One error type per class of user-facing failure.
+
+The CLI turns any `DataflowError` into one line on stderr and exit code 1; everything else is a bug
+and keeps its traceback.
+"""
+
+
+class DataflowError(Exception):
+    """A failure the user can act on; the message names the file or setting and what to do."""
+
+
+class InputError(DataflowError):
+    """Bad input data: an unreadable file, a malformed record, too many bad records."""
+
+
+class FormatError(DataflowError):
+    """A dataset on disk that does not match its manifest: corrupt, truncated or unknown version."""
+
+
+class ConfigError(DataflowError):
+    """A setting that cannot work: an unknown key, a value out of range, a refused rerun."""

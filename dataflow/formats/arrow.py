@@ -1,0 +1,126 @@
+"""Arrow IPC shards: a `tokens: list<uint16|uint32>` column and an `id: string` column.
+
+Record batches hold about `RECORD_BATCH_TOKENS` tokens so that one decompression serves many
+samples. The schema metadata records each batch's document and token counts, so a reader can map a
+token offset to its record batch from the footer alone, without decompressing anything.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from dataflow.errors import FormatError
+
+RECORD_BATCH_TOKENS = 1 << 21  # 2M tokens: 4 MB of uint16 per decompression
+LAYOUT_KEY = b"dataflow.batches"  # JSON [[documents, tokens], ...] per record batch
+
+
+def encode_arrow_shard(docs: Sequence[np.ndarray], ids: Sequence[str], dtype: str, compression: str,
+                       zstd_level: int | None = None) -> pa.Buffer:
+    """Serialise documents into the bytes of one Arrow IPC file."""
+    arrow_type = pa.uint16() if dtype == "uint16" else pa.uint32()
+    groups = _record_batch_groups([len(d) for d in docs])
+    layout = [[stop - start, int(sum(len(d) for d in docs[start:stop]))] for start, stop in groups]
+    schema = pa.schema([("tokens", pa.list_(arrow_type)), ("id", pa.string())],
+                       metadata={LAYOUT_KEY: json.dumps(layout).encode()})
+    codec = None
+    if compression == "zstd":
+        codec = pa.Codec("zstd", compression_level=zstd_level) if zstd_level is not None else "zstd"
+    options = pa.ipc.IpcWriteOptions(compression=codec)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema, options=options) as writer:
+        for start, stop in groups:
+            chunk = docs[start:stop]
+            lengths = np.fromiter((len(d) for d in chunk), dtype=np.int64, count=len(chunk))
+            offsets = np.zeros(len(chunk) + 1, dtype=np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            values = np.concatenate(chunk).astype(dtype, copy=False) if chunk else np.zeros(0, dtype)
+            tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=arrow_type))
+            writer.write_batch(pa.record_batch([tokens, pa.array(list(ids[start:stop]), pa.string())],
+                                               schema=schema))
+    return sink.getvalue()
+
+
+def _record_batch_groups(lengths: list[int]) -> list[tuple[int, int]]:
+    """Cut documents into consecutive groups of about RECORD_BATCH_TOKENS tokens."""
+    groups, start, acc = [], 0, 0
+    for i, n in enumerate(lengths):
+        acc += n
+        if acc >= RECORD_BATCH_TOKENS:
+            groups.append((start, i + 1))
+            start, acc = i + 1, 0
+    if start < len(lengths) or not groups:
+        groups.append((start, len(lengths)))
+    return groups
+
+
+class ArrowShard:
+    """Random access to one Arrow shard, one record batch at a time.
+
+    Uncompressed shards are memory-mapped and their token arrays are zero-copy views of the file;
+    zstd shards decompress one record batch per `batch()` call.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self._reader = pa.ipc.open_file(pa.memory_map(path, "r"))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise FormatError(f"{path}: not a readable Arrow IPC file ({e})") from None
+        names = self._reader.schema.names
+        if names[:1] != ["tokens"]:
+            raise FormatError(f"{path}: expected a `tokens` column first, found {names}")
+        layout = self._layout()
+        self.batch_docs = np.array([d for d, _ in layout], dtype=np.int64)
+        self.batch_tokens = np.array([t for _, t in layout], dtype=np.int64)
+        # token_starts[i] is the offset of batch i's first token in the shard's token stream
+        self.token_starts = np.concatenate([[0], np.cumsum(self.batch_tokens)])
+        self.doc_starts = np.concatenate([[0], np.cumsum(self.batch_docs)])
+
+    def _layout(self) -> list[list[int]]:
+        meta = self._reader.schema.metadata or {}
+        if LAYOUT_KEY in meta:
+            return json.loads(meta[LAYOUT_KEY])
+        # Written by another tool: learn the layout the slow way, once.
+        out = []
+        for i in range(self._reader.num_record_batches):
+            col = self._reader.get_batch(i).column(0)
+            out.append([len(col), int(col.offsets[-1].as_py() - col.offsets[0].as_py())])
+        return out
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.batch_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_starts[-1])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.doc_starts[-1])
+
+    def batch(self, i: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+        """Record batch `i` as (flat tokens, document offsets into them, ids)."""
+        try:
+            rb = self._reader.get_batch(i)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise FormatError(f"{self.path}: record batch {i} is unreadable ({e})") from None
+        col = rb.column(0)
+        offsets = col.offsets.to_numpy()
+        values = col.values.to_numpy(zero_copy_only=True)
+        if offsets[0] != 0:  # a sliced array: rebase
+            values = values[offsets[0]:offsets[-1]]
+            offsets = offsets - offsets[0]
+        return values, offsets, rb.column(1)
+
+    def documents(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Every (id, tokens) in stored order."""
+        for i in range(self.num_batches):
+            values, offsets, ids = self.batch(i)
+            for j, doc_id in enumerate(ids.to_pylist()):
+                yield doc_id, values[offsets[j]:offsets[j + 1]]

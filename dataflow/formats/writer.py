@@ -1,0 +1,139 @@
+"""`ShardWriter`: the one writer that both `dataflow tokenize` and users' own pipelines call.
+
+Documents are buffered until a shard holds `shard_size` bytes of tokens, then the shard is encoded,
+checksummed and written atomically. Shard boundaries depend only on the documents written, never on
+timing, so the same documents always give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Iterable
+
+import numpy as np
+
+from dataflow.errors import ConfigError
+from dataflow.formats.arrow import encode_arrow_shard
+from dataflow.formats.atomic import atomic_open
+from dataflow.formats.manifest import COMPRESSIONS, FORMATS, Manifest, ShardInfo, TokenizerMeta, write_manifest
+
+DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
+
+
+def parse_size(text: str | int) -> int:
+    """'256MB' -> 268435456; plain integers are bytes."""
+    if isinstance(text, int):
+        return text
+    s = text.strip().upper().replace("IB", "B")
+    units = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "B": 1}
+    for unit, mult in units.items():
+        if s.endswith(unit):
+            number = s[: -len(unit)].strip()
+            break
+    else:
+        number, mult = s, 1
+    try:
+        value = int(float(number) * mult)
+    except ValueError:
+        raise ConfigError(f"cannot read size {text!r}; write it like 256MB, 1GB or 1048576") from None
+    if value <= 0:
+        raise ConfigError(f"size {text!r} must be positive")
+    return value
+
+
+def shard_extension(format: str, compression: str) -> str:
+    if format == "arrow":
+        return ".arrow"
+    return ".tar.zst" if compression == "zstd" else ".tar"
+
+
+class ShardWriter:
+    """Write token documents into shards plus `index.json`.
+
+    >>> with ShardWriter("out", tokenizer_meta=meta) as w:
+    ...     w.write([72, 105, 256], id="doc-0")
+
+    The manifest is written when the context exits cleanly (or on `close()`); after an exception
+    the finished shards stay on disk but no manifest claims them.
+    """
+
+    def __init__(self, out: str, *, tokenizer_meta: TokenizerMeta, format: str = "arrow",
+                 compression: str = "zstd", shard_size: int | str = DEFAULT_SHARD_SIZE,
+                 zstd_level: int | None = None, provenance: dict[str, Any] | None = None,
+                 prefix: str = "shard-", first_index: int = 0):
+        if format not in FORMATS:
+            raise ConfigError(f"unknown shard format {format!r}; choose one of {', '.join(FORMATS)}")
+        if compression not in COMPRESSIONS:
+            raise ConfigError(f"unknown compression {compression!r}; choose one of {', '.join(COMPRESSIONS)}")
+        self.out = out
+        self.meta = tokenizer_meta
+        self.dtype = np.dtype(tokenizer_meta.dtype)
+        self.format = format
+        self.compression = compression
+        self.shard_size = parse_size(shard_size)
+        self.zstd_level = zstd_level
+        self.provenance = provenance or {}
+        self.prefix = prefix
+        self.next_index = first_index
+        self.shards: list[ShardInfo] = []
+        self._docs: list[np.ndarray] = []
+        self._ids: list[str] = []
+        self._buffered_bytes = 0
+        self._written_docs = 0
+        self._closed = False
+        os.makedirs(out, exist_ok=True)
+
+    def write(self, tokens: Iterable[int] | np.ndarray, id: str | None = None) -> ShardInfo | None:
+        """Add one document; returns the shard it completed, if this document completed one."""
+        arr = np.asarray(tokens)
+        if arr.ndim != 1:
+            raise ConfigError(f"document {id!r}: tokens must be one-dimensional, got shape {arr.shape}")
+        if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(self.dtype).max):
+            raise ConfigError(f"document {id!r}: token ids must lie in [0, {np.iinfo(self.dtype).max}]")
+        self._docs.append(arr.astype(self.dtype, copy=False))
+        self._ids.append(str(self._written_docs) if id is None else str(id))
+        self._written_docs += 1
+        self._buffered_bytes += arr.size * self.dtype.itemsize
+        if self._buffered_bytes >= self.shard_size:
+            return self.flush()
+        return None
+
+    def flush(self) -> ShardInfo | None:
+        """Write the buffered documents as a shard now (no-op when nothing is buffered)."""
+        if not self._docs:
+            return None
+        name = f"{self.prefix}{self.next_index:05d}{shard_extension(self.format, self.compression)}"
+        if self.format == "arrow":
+            data = encode_arrow_shard(self._docs, self._ids, self.dtype.name, self.compression, self.zstd_level)
+        else:
+            from dataflow.formats.tar import encode_tar_shard
+            data = encode_tar_shard(self._docs, self._ids, self.compression, self.zstd_level)
+        path = os.path.join(self.out, name)
+        with atomic_open(path) as f:
+            f.write(data)
+        info = ShardInfo(path=name, documents=len(self._docs), tokens=int(sum(d.size for d in self._docs)),
+                         bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        self.shards.append(info)
+        self.next_index += 1
+        self._docs, self._ids, self._buffered_bytes = [], [], 0
+        return info
+
+    def manifest(self) -> Manifest:
+        return Manifest(tokenizer=self.meta, format=self.format, compression=self.compression,
+                        dtype=self.dtype.name, shards=list(self.shards), provenance=self.provenance)
+
+    def close(self) -> Manifest:
+        """Flush the last shard and write the manifest atomically."""
+        if not self._closed:
+            self.flush()
+            write_manifest(self.out, self.manifest())
+            self._closed = True
+        return self.manifest()
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()

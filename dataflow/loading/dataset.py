@@ -1,0 +1,211 @@
+"""`StreamingDataset`: shards -> the epoch's global sample order -> this rank's samples.
+
+A sample is a packed window of `seq_len + 1` consecutive tokens of one shard's token stream (stride
+`seq_len`, so every token is a label once), or, without `seq_len`, one document. The global order is a
+pure function of (seed, epoch, manifest) (see `shuffle.py`); rank r serves global samples
+`consumed + r + world_size * j`. The whole resume state is therefore (epoch, consumed): any number of
+ranks or workers can continue from it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from dataflow.errors import ConfigError, FormatError
+from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
+from dataflow.loading.shards import OpenShard
+from dataflow.loading.shuffle import EpochOrder
+from dataflow.loading.storage import Storage
+
+STATE_VERSION = 1
+
+
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None or world_size is not None:
+        rank, world_size = rank or 0, world_size or 1
+    elif torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        rank, world_size = 0, 1
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside world size {world_size}")
+    return rank, world_size
+
+
+class StreamingDataset(IterableDataset):
+    """Deterministically shuffled, rank-partitioned, exactly resumable token samples.
+
+    Args:
+        source: a dataset folder or URL, or a list of them (their shards are read as one dataset).
+        seq_len: pack documents into windows of seq_len+1 tokens; None yields whole documents.
+        shuffle, seed: the epoch order is a pure function of (seed, epoch, manifest).
+        shuffle_window: shards whose samples are shuffled together; memory holds about this many
+            decompressed shards. Larger is more random.
+        rank, world_size: override torch.distributed's.
+        position_ids: also yield `position_ids` that restart at each document (for document masking).
+        cache_dir: where remote shards are cached.
+    """
+
+    def __init__(self, source: str | list[str], *, seq_len: int | None = None, shuffle: bool = True,
+                 seed: int = 0, shuffle_window: int = 8, rank: int | None = None, world_size: int | None = None,
+                 position_ids: bool = False, cache_dir: str | None = None):
+        super().__init__()
+        if isinstance(source, dict):
+            raise ConfigError("mixing {path: weight} sources is not supported yet; pass a path or a list")
+        paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+        if not paths:
+            raise ConfigError("StreamingDataset needs at least one dataset path")
+        if seq_len is not None and seq_len < 1:
+            raise ConfigError(f"seq_len must be positive, got {seq_len}")
+        self.paths = [str(p) for p in paths]
+        self.manifests: list[Manifest] = [read_manifest(p) for p in self.paths]
+        self.tokenizer: TokenizerMeta = self.manifests[0].tokenizer
+        for p, m in zip(self.paths[1:], self.manifests[1:]):
+            if (m.tokenizer.kind, m.tokenizer.vocab_size, m.tokenizer.sha256) != \
+                    (self.tokenizer.kind, self.tokenizer.vocab_size, self.tokenizer.sha256):
+                raise ConfigError(f"{p} was tokenized with a different tokenizer than {self.paths[0]}")
+        self.seq_len = seq_len
+        self.shuffle, self.seed, self.shuffle_window = shuffle, seed, shuffle_window
+        self.rank_arg, self.world_arg = rank, world_size
+        self.position_ids = position_ids
+        self.storages = [Storage(p, cache_dir) for p in self.paths]
+        self.shards: list[tuple[int, ShardInfo]] = [(i, s) for i, m in enumerate(self.manifests) for s in m.shards]
+        tokens = np.array([s.tokens for _, s in self.shards], dtype=np.int64)
+        if seq_len:
+            self.counts = np.maximum(tokens - 1, 0) // seq_len
+            self.dropped_tokens = int((tokens - self.counts * seq_len).sum())  # shard tails, counted
+        else:
+            self.counts = np.array([s.documents for _, s in self.shards], dtype=np.int64)
+            self.dropped_tokens = 0
+        self.epoch = 0
+        self.consumed = 0  # global samples of this epoch already served (set by load_state_dict)
+        self._order: EpochOrder | None = None
+        self._open: dict[int, OpenShard] = {}
+
+    # --- sizes ----------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in one epoch, all ranks together."""
+        return int(self.counts.sum())
+
+    def rank_world(self) -> tuple[int, int]:
+        return _rank_world(self.rank_arg, self.world_arg)
+
+    def samples_per_rank(self, consumed: int | None = None) -> int:
+        """Samples each rank serves from `consumed` to the end of the epoch (equal on every rank)."""
+        _, world = self.rank_world()
+        return (self.num_samples - (self.consumed if consumed is None else consumed)) // world
+
+    def __len__(self) -> int:
+        return self.samples_per_rank()
+
+    # --- epoch and state ------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.consumed = int(epoch), 0
+
+    def order(self) -> EpochOrder:
+        if self._order is None or self._order.epoch != self.epoch:
+            self._order = EpochOrder(self.counts, self.seed, self.epoch, self.shuffle, self.shuffle_window)
+        return self._order
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
+                "num_samples": self.num_samples, "seq_len": self.seq_len}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
+        for key in ("seed", "num_samples", "seq_len"):
+            if state[key] != getattr(self, key):
+                raise ConfigError(f"cannot resume: the state was saved with {key}={state[key]}, this dataset "
+                                  f"has {key}={getattr(self, key)} (different data or settings)")
+        if not 0 <= state["consumed"] <= self.num_samples:
+            raise ConfigError(f"cannot resume: consumed={state['consumed']} outside this epoch")
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+
+    # --- reading --------------------------------------------------------------------------------
+    def rank_sample_ids(self, start: int, stop: int, consumed: int | None = None) -> np.ndarray:
+        """Global ids of this rank's samples j in [start, stop) from position `consumed`."""
+        rank, world = self.rank_world()
+        base = self.consumed if consumed is None else consumed
+        return base + rank + world * np.arange(start, stop, dtype=np.int64)
+
+    def _shard(self, k: int) -> OpenShard:
+        shard = self._open.get(k)
+        if shard is None:
+            src, info = self.shards[k]
+            manifest = self.manifests[src]
+            shard = self._open[k] = OpenShard(self.storages[src].local_path(info), manifest.format)
+            if shard.token_starts[-1] != info.tokens:
+                raise FormatError(f"{shard.path}: holds {shard.token_starts[-1]} tokens, the manifest says "
+                                  f"{info.tokens}; run `dataflow verify`")
+        return shard
+
+    def _evict_outside(self, block: int) -> None:
+        keep = set(self.order().block_shards(block).tolist())
+        for k in [k for k in self._open if k not in keep]:
+            del self._open[k]
+
+    def collate(self, ids: np.ndarray) -> dict[str, Any]:
+        """A batch of the given global sample ids as a dict of stacked tensors."""
+        order = self.order()
+        shard_ids, within = order.locate(ids)
+        if self.seq_len is None:
+            docs = [self._shard(int(k)).document(int(j)) for k, j in zip(shard_ids, within)]
+            batch: dict[str, Any] = {"tokens": [torch.from_numpy(t.astype(np.int64)) for _, t in docs],
+                                     "id": [d for d, _ in docs]}
+        else:
+            L = self.seq_len
+            inputs = np.empty((len(ids), L), dtype=np.int64)
+            labels = np.empty((len(ids), L), dtype=np.int64)
+            positions = np.empty((len(ids), L), dtype=np.int64) if self.position_ids else None
+            for i, (k, j) in enumerate(zip(shard_ids.tolist(), within.tolist())):
+                shard = self._shard(k)
+                window = shard.window(j * L, L + 1)
+                np.copyto(inputs[i], window[:-1])
+                np.copyto(labels[i], window[1:])
+                if positions is not None:
+                    positions[i] = _positions(shard.doc_boundaries(j * L, L), L)
+            batch = {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
+            if positions is not None:
+                batch["position_ids"] = torch.from_numpy(positions)
+        if len(ids):
+            self._evict_outside(int(order.block_of(int(ids[-1]))))
+        return batch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """This rank's samples one by one (split across DataLoader workers when inside one)."""
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        start_consumed = self.consumed
+        for j in range(worker, self.samples_per_rank(start_consumed), workers):
+            batch = self.collate(self.rank_sample_ids(j, j + 1, start_consumed))
+            yield {k: v[0] for k, v in batch.items()}
+            if info is None:
+                self.consumed = start_consumed + (j + 1) * self.rank_world()[1]
+        if info is None:
+            self.epoch, self.consumed = self.epoch + 1, 0
+
+
+def _positions(boundaries: np.ndarray, length: int) -> np.ndarray:
+    """Position ids 0,1,2,... restarting at each document boundary inside the window."""
+    pos = np.arange(length, dtype=np.int64)
+    if boundaries.size:
+        starts = np.concatenate([[0], boundaries])
+        seg = np.searchsorted(starts, pos, side="right") - 1
+        pos -= starts[seg]
+    return pos

@@ -1,0 +1,167 @@
+"""`DevicePrefetcher`: batches onto the device while the previous step computes.
+
+A background thread pulls batches from upstream (so host-side loading overlaps the step) into a
+bounded queue. On CUDA it copies each batch into one of a ring of pinned, reused host slots, launches
+the host-to-device copy with `non_blocking=True` on a side stream and records an event; the consumer's
+stream waits on that event and the tensors are `record_stream`-ed, so the caching allocator never
+hands their memory out early. A slot is refilled only after its copy has finished. On CPU the same
+thread gives the overlap without pinning.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections import deque
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import torch
+
+_DONE = object()
+
+
+@dataclass
+class PrefetchStats:
+    batches: int = 0
+    wait_s: float = 0.0  # consumer time blocked on the next batch
+    last_wait_s: float = 0.0
+    host_allocations: int = 0  # pinned slots allocated (stops growing after warm-up)
+    waits: deque = field(default_factory=lambda: deque(maxlen=100_000))  # recent waits, bounded
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class _PinnedRing:
+    """`size` pinned host copies of one batch layout, reused round-robin."""
+
+    def __init__(self, size: int, stats: PrefetchStats):
+        self.size, self.stats = size, stats
+        self.slots: list[dict[str, torch.Tensor] | None] = [None] * size
+        self.events: list[Any] = [None] * size
+        self.next = 0
+
+    def take(self, batch: dict[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:
+        i = self.next
+        self.next = (i + 1) % self.size
+        if self.events[i] is not None:
+            self.events[i].synchronize()  # the previous copy out of this slot has finished
+        slot = self.slots[i]
+        if slot is None or any(k not in slot or slot[k].shape != v.shape or slot[k].dtype != v.dtype
+                               for k, v in batch.items() if torch.is_tensor(v)):
+            slot = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+                    for k, v in batch.items() if torch.is_tensor(v)}
+            self.slots[i] = slot
+            self.stats.host_allocations += 1
+        return i, slot
+
+
+class DevicePrefetcher:
+    """Iterate `batches` (dicts of tensors, or tensors) on `device`, `depth` batches ahead.
+
+    A yielded CPU batch is the upstream's own object; a CUDA batch is valid until the consumer has
+    taken `depth` more batches only if it kept references (they are fresh device tensors).
+    """
+
+    def __init__(self, batches: Iterable[Any], device: str | torch.device = "cpu", depth: int = 2):
+        if depth < 1:
+            raise ValueError("depth must be at least 1")
+        self.upstream = batches
+        self.device = torch.device(device)
+        self.depth = depth
+        self.stats = PrefetchStats()
+        self._cuda = self.device.type == "cuda"
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+
+    # --- producer thread ------------------------------------------------------------------------
+    def _produce(self, it: Iterator[Any]) -> None:
+        stream = torch.cuda.Stream(device=self.device) if self._cuda else None
+        ring = _PinnedRing(self.depth + 1, self.stats) if self._cuda else None
+        try:
+            for batch in it:
+                if self._stop.is_set():
+                    return
+                item = self._to_device(batch, stream, ring) if self._cuda else (batch, None)
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+            self._put_final(_DONE)
+        except BaseException as e:  # handed to the consumer, raised there with its message
+            self._put_final(_Failure(e))
+
+    def _put_final(self, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _to_device(self, batch: Any, stream: Any, ring: _PinnedRing) -> tuple[Any, Any]:
+        single = torch.is_tensor(batch)
+        b = {"_": batch} if single else batch
+        i, slot = ring.take(b)
+        out = dict(b)
+        with torch.cuda.stream(stream):
+            for k, host in slot.items():
+                host.copy_(b[k])
+                out[k] = host.to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        ring.events[i] = event
+        return (out["_"] if single else out), event
+
+    # --- consumer -------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        self.close()
+        self._stop.clear()
+        self._queue = queue.Queue(maxsize=self.depth)
+        self._thread = threading.Thread(target=self._produce, args=(iter(self.upstream),),
+                                        name="dataflow-prefetch", daemon=True)
+        self._thread.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = self._queue.get()
+                wait = time.perf_counter() - t0
+                if item is _DONE:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.exc
+                batch, event = item
+                if event is not None:
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(event)
+                    for t in (batch.values() if isinstance(batch, dict) else [batch]):
+                        if torch.is_tensor(t) and t.is_cuda:
+                            t.record_stream(current)
+                self.stats.batches += 1
+                self.stats.wait_s += wait
+                self.stats.last_wait_s = wait
+                self.stats.waits.append(wait)
+                yield batch
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the producer thread (called on exhaustion, `break`, garbage collection)."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5)
+        self._thread = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

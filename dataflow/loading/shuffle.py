@@ -1,0 +1,75 @@
+"""The epoch's sample order as pure functions of (seed, epoch, per-shard sample counts).
+
+Two levels: the shards are permuted, then the samples inside each block of `window` consecutive
+shards (in that permuted order) are permuted together. A reader holds at most one block of shards in
+memory, so `window` is the knob that trades memory for randomness. Nothing here depends on the number
+of ranks or workers: they only take different slices of the same global order.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(k) for k in key])))
+
+
+def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The order in which shards are visited in this epoch."""
+    if not shuffle:
+        return np.arange(num_shards, dtype=np.int64)
+    return _rng(seed, epoch, 0).permutation(num_shards).astype(np.int64)
+
+
+class EpochOrder:
+    """Global sample g of an epoch -> (shard index, sample index inside that shard).
+
+    Memory: the shard tables (O(shards)) plus the permutation of one block at a time.
+    """
+
+    def __init__(self, counts: np.ndarray, seed: int, epoch: int, shuffle: bool, window: int):
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
+        self.window = max(1, int(window))
+        self.order = shard_order(len(self.counts), seed, epoch, shuffle)
+        ordered = self.counts[self.order]
+        # start of each shard (in visiting order) in the global sample sequence
+        self.shard_starts = np.concatenate([[0], np.cumsum(ordered)])
+        self.block_starts = self.shard_starts[:: self.window]
+        if self.block_starts[-1] != self.shard_starts[-1]:
+            self.block_starts = np.append(self.block_starts, self.shard_starts[-1])
+        self.total = int(self.shard_starts[-1])
+        self._perm = lru_cache(maxsize=2)(self._block_permutation)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_starts) - 1
+
+    def block_of(self, g: np.ndarray | int) -> np.ndarray:
+        return np.searchsorted(self.block_starts, g, side="right") - 1
+
+    def block_shards(self, block: int) -> np.ndarray:
+        """Shard indices (into the manifest) of one block."""
+        return self.order[block * self.window:(block + 1) * self.window]
+
+    def _block_permutation(self, block: int) -> np.ndarray:
+        size = int(self.block_starts[block + 1] - self.block_starts[block])
+        if not self.shuffle:
+            return np.arange(size, dtype=np.int64)
+        return _rng(self.seed, self.epoch, 1, block).permutation(size).astype(np.int64)
+
+    def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised: global sample ids -> (shard index, sample index within the shard)."""
+        g = np.asarray(g, dtype=np.int64)
+        if g.size and (g.min() < 0 or g.max() >= self.total):
+            raise IndexError(f"sample id out of range [0, {self.total})")
+        blocks = self.block_of(g)
+        local = np.empty_like(g)
+        for b in np.unique(blocks):
+            sel = blocks == b
+            local[sel] = self._perm(int(b))[g[sel] - self.block_starts[b]] + self.block_starts[b]
+        pos = np.searchsorted(self.shard_starts, local, side="right") - 1  # position in visiting order
+        return self.order[pos], local - self.shard_starts[pos]

@@ -1,0 +1,53 @@
+"""Work units: the deterministic cut of the inputs into pieces that workers tokenize independently.
+
+Units are numbered in input order. Uncompressed JSONL is cut into byte ranges aligned to line ends
+(so one huge file spreads over all workers), Parquet into row groups, compressed files are whole units.
+The cut depends on the inputs and `unit_bytes` only, never on the number of workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import fsspec
+
+from dataflow.preprocess.sources import input_kind, split_compression
+
+DEFAULT_UNIT_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Unit:
+    index: int
+    file: str
+    kind: str  # jsonl | parquet | text
+    start: int = 0  # byte range for uncompressed JSONL; row-group range for Parquet
+    end: int | None = None
+    size: int = 0  # input bytes this unit covers (for progress)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES) -> list[Unit]:
+    units: list[Unit] = []
+    for file in files:
+        kind = input_kind(file)
+        fs, path = fsspec.core.url_to_fs(file)
+        size = int(fs.size(path) or 0)
+        _, codec = split_compression(file)
+        if kind == "jsonl" and codec is None and size > unit_bytes:
+            for start in range(0, size, unit_bytes):
+                end = min(start + unit_bytes, size)
+                units.append(Unit(len(units), file, kind, start, end, end - start))
+        elif kind == "parquet":
+            import pyarrow.parquet as pq
+
+            with fs.open(path, "rb") as f:
+                meta = pq.ParquetFile(f).metadata
+            groups = max(meta.num_row_groups, 1)
+            for g in range(meta.num_row_groups):
+                units.append(Unit(len(units), file, kind, g, g + 1, size // groups))
+        else:
+            units.append(Unit(len(units), file, kind, 0, None, size))
+    return units
