@@ -129,7 +129,7 @@ class StreamingDataset(IterableDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
             raise ConfigError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
-        for key in ("seed", "num_samples", "seq_len"):
+        for key in ("seq_len", "seed", "num_samples"):
             if state[key] != getattr(self, key):
                 raise ConfigError(f"cannot resume: the state was saved with {key}={state[key]}, this dataset "
                                   f"has {key}={getattr(self, key)} (different data or settings)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Iterator
 
 import fsspec
+import fsspec.compression
 import zstandard
 
 from dataflow.errors import InputError
@@ -127,8 +128,8 @@ def _open(url: str) -> Iterator[IO[bytes]]:
         elif codec is None:
             yield raw
         else:
-            with fsspec.core.get_compression(raw, codec) as f:
-                yield io.BufferedReader(f, buffer_size=1 << 20) if not hasattr(f, "readline") else f
+            with fsspec.compression.compr[codec](raw, mode="rb") as f:
+                yield f
 
 
 def _read_jsonl(url: str, text_field: str, id_field: str, start: int, end: int | None) -> Iterator[Record]:

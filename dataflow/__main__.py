@@ -1,0 +1,7 @@
+"""`python -m dataflow` is the `dataflow` command."""
+
+import sys
+
+from dataflow.cli import main
+
+sys.exit(main())

@@ -1,0 +1,109 @@
+"""ShardWriter, Arrow and tar shards, the manifest: round trips, checksums, validation."""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+import webdataset as wds
+
+from dataflow import FormatError, ShardWriter, TokenizerMeta
+from dataflow.formats.arrow import ArrowShard
+from dataflow.formats.manifest import read_manifest
+from dataflow.formats.reader import iter_documents
+
+BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
+
+
+def _docs(n, seed=0, vocab=257):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=rng.integers(1, 300)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("fmt,comp", [("arrow", "zstd"), ("arrow", "none"), ("tar", "zstd"), ("tar", "none")])
+def test_writer_round_trip(tmp_path, fmt, comp):
+    docs = _docs(500)
+    with ShardWriter(str(tmp_path), tokenizer_meta=BYTES, format=fmt, compression=comp, shard_size="20KB") as w:
+        for i, d in enumerate(docs):
+            w.write(d, id=f"doc-{i}")
+    m = read_manifest(str(tmp_path))
+    assert len(m.shards) >= 3
+    assert m.documents == 500 and m.tokens == sum(len(d) for d in docs)
+    back = list(iter_documents(str(tmp_path), m))
+    assert [i for i, _ in back] == [f"doc-{i}" for i in range(500)]
+    for (_, got), want in zip(back, docs):
+        np.testing.assert_array_equal(got, want)
+    for s in m.shards:  # checksums and sizes describe the real files
+        data = (tmp_path / s.path).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == s.sha256 and len(data) == s.bytes
+        assert not os.path.isabs(s.path)
+
+
+def test_tar_shards_read_by_webdataset(tmp_path):
+    docs = _docs(20)
+    with ShardWriter(str(tmp_path), tokenizer_meta=BYTES, format="tar", compression="none") as w:
+        for i, d in enumerate(docs):
+            w.write(d, id=f"d{i}")
+    path = str(tmp_path / read_manifest(str(tmp_path)).shards[0].path)
+    samples = list(wds.WebDataset(path, shardshuffle=False).decode())
+    assert len(samples) == 20
+    np.testing.assert_array_equal(samples[3]["tokens.npy"], docs[3])
+    assert samples[3]["json"]["id"] == "d3"
+
+
+def test_uint32_tokens_for_large_vocab(tmp_path):
+    meta = TokenizerMeta(kind="hf", name="big", vocab_size=200_000, eos_id=199_999)
+    docs = _docs(10, vocab=200_000)
+    with ShardWriter(str(tmp_path), tokenizer_meta=meta) as w:
+        for d in docs:
+            w.write(d)
+    m = read_manifest(str(tmp_path))
+    assert m.dtype == "uint32"
+    got = [t for _, t in iter_documents(str(tmp_path), m)]
+    assert got[0].dtype == np.uint32 and all((a == b).all() for a, b in zip(got, docs))
+
+
+def test_arrow_record_batches_and_layout(tmp_path, monkeypatch):
+    import dataflow.formats.arrow as arrow
+
+    monkeypatch.setattr(arrow, "RECORD_BATCH_TOKENS", 1000)
+    docs = _docs(100)
+    with ShardWriter(str(tmp_path), tokenizer_meta=BYTES, compression="none") as w:
+        for d in docs:
+            w.write(d)
+    shard = ArrowShard(str(tmp_path / "shard-00000.arrow"))
+    assert shard.num_batches > 5
+    assert shard.num_tokens == sum(len(d) for d in docs) and shard.num_documents == 100
+
+
+def test_writer_rejects_out_of_range_tokens(tmp_path):
+    from dataflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="token ids"):
+        with ShardWriter(str(tmp_path), tokenizer_meta=BYTES) as w:
+            w.write(np.array([70000]))
+    assert not (tmp_path / "index.json").exists()  # no manifest after a failure
+
+
+def test_manifest_rejects_escaping_paths(tmp_path):
+    with ShardWriter(str(tmp_path), tokenizer_meta=BYTES) as w:
+        w.write([1, 2, 3])
+    index = tmp_path / "index.json"
+    for bad in ("../evil.arrow", "/etc/passwd", "s3://x/y"):
+        d = json.loads(index.read_text())
+        d["shards"][0]["path"] = bad
+        index.write_text(json.dumps(d))
+        with pytest.raises(FormatError, match="relative"):
+            read_manifest(str(tmp_path))
+
+
+def test_manifest_errors_are_clear(tmp_path):
+    with pytest.raises(FormatError, match="no manifest"):
+        read_manifest(str(tmp_path))
+    (tmp_path / "index.json").write_text("{not json")
+    with pytest.raises(FormatError, match="not valid JSON"):
+        read_manifest(str(tmp_path))
+    (tmp_path / "index.json").write_text(json.dumps({"version": 99}))
+    with pytest.raises(FormatError, match="newer"):
+        read_manifest(str(tmp_path))
