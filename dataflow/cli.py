@@ -27,6 +27,7 @@ def _dataset(path: str):
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
+    from dataflow.formats.writer import parse_size
     from dataflow.preprocess.run import TokenizeConfig, tokenize
 
     cfg = TokenizeConfig(
@@ -34,6 +35,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         text_field=args.text_field, id_field=args.id_field, format=args.format, compression=args.compression,
         zstd_level=args.zstd_level, shard_size=args.shard_size, workers=args.workers, seed=args.seed,
         val_fraction=args.val_fraction, eos=not args.no_eos, max_errors=args.max_errors,
+        unit_bytes=parse_size(args.unit_size), num_tasks=args.num_tasks, task_index=args.task_index, executor=args.executor,
         overwrite=args.overwrite, progress=not args.no_progress)
     summary = tokenize(cfg).to_dict()
     if args.json:
@@ -45,8 +47,12 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         for split, d in summary["datasets"].items():
             print(f"  {split}: {d['documents']:,} documents, {d['tokens']:,} tokens, {d['shards']} shards, "
                   f"{d['bytes'] / 1e6:.1f} MB")
+        if summary["resumed_from_unit"]:
+            print(f"  resumed at unit {summary['resumed_from_unit']} of {summary['units']}")
+        for note in summary["notes"]:
+            print(f"  {note}")
         if summary["errors"]:
-            print(f"  skipped {summary['errors']} bad records, listed in {os.path.join(args.out, '_errors.jsonl')}")
+            print(f"  skipped {summary['errors']} bad records, listed in {args.out}/_errors*.jsonl")
         print(f"  output: {args.out}")
     return 0
 
@@ -88,6 +94,15 @@ def cmd_decode(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from dataflow.preprocess.merge import merge
+
+    for split, m in merge(args.out).items():
+        print(f"{split}: merged {len(m.provenance['parts'])} parts: {m.documents:,} documents, {m.tokens:,} tokens, "
+              f"{len(m.shards)} shards")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dataflow", description="Keep GPUs fed: tokenize, inspect, verify, "
                                 "decode and profile token datasets.")
@@ -109,10 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--val-fraction", type=float, default=0.0)
     t.add_argument("--no-eos", action="store_true", help="do not append EOS after each document")
     t.add_argument("--max-errors", type=int, default=100, help="bad records tolerated before failing")
+    t.add_argument("--unit-size", default="32MB", help="input bytes per work unit (uncompressed JSONL is cut "
+                   "into line-aligned ranges of this size)")
+    t.add_argument("--num-tasks", type=int, default=1, help="split the job into K task slices (Slurm arrays, ...)")
+    t.add_argument("--task-index", type=int, default=0, help="which slice this run does (0-based)")
+    t.add_argument("--executor", default="local", choices=["local", "ray"])
     t.add_argument("--overwrite", action="store_true", help="replace an existing dataset made with other settings")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--json", action="store_true", help="print the summary as JSON")
     t.set_defaults(func=cmd_tokenize)
+
+    g = sub.add_parser("merge", help="one manifest over the parts of a --num-tasks run")
+    g.add_argument("out")
+    g.set_defaults(func=cmd_merge)
 
     i = sub.add_parser("inspect", help="manifest summary, shard table, first documents")
     i.add_argument("path")

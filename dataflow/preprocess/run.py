@@ -1,9 +1,10 @@
-"""`dataflow tokenize`: inputs -> work units -> worker processes -> ordered commit -> shards.
+"""`dataflow tokenize`: inputs -> work units -> workers -> ordered commit -> shards, resumable.
 
-Workers tokenize units in any order; the main process commits their results strictly in unit order
+Workers tokenize units in any order; the main process commits their outputs strictly in unit order
 into `ShardWriter`s, so shard boundaries and bytes depend only on the data, never on the number of
-workers or on timing. Ids, the validation split and error counting happen at commit time, in input
-order, for the same reason.
+workers, the executor or interruptions. Ids, the validation split and error counting happen at commit
+time, in input order, for the same reason. After each unit the journal (`journal.py`) records the
+progress, so a rerun of the same command continues where a crash stopped it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ import json
 import os
 import shutil
 import time
-from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -25,11 +24,14 @@ import dataflow
 from dataflow.errors import ConfigError, InputError
 from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
+from dataflow.preprocess.executors import UnitOutput, run_units
+from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, plan_units
-from dataflow.preprocess.sources import expand_inputs, read_unit
-from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
+from dataflow.preprocess.sources import expand_inputs
+from dataflow.preprocess.tokenizers import load_tokenizer
+from dataflow.preprocess.worker import UnitSpec
 
-ENCODE_BATCH_CHARS = 1 << 20  # texts handed to the engine at once
+WORK_DIR = "_work"
 
 
 @dataclass
@@ -45,35 +47,33 @@ class TokenizeConfig:
     zstd_level: int | None = None
     shard_size: int | str = DEFAULT_SHARD_SIZE
     workers: int = 0  # 0: one per CPU
+    executor: str = "local"
     seed: int = 0
     val_fraction: float = 0.0
     eos: bool = True
     max_errors: int = 100
     unit_bytes: int = DEFAULT_UNIT_BYTES
+    num_tasks: int = 1
+    task_index: int = 0
     overwrite: bool = False
     progress: bool = True
 
     def output_settings(self) -> dict[str, Any]:
         """Everything that changes the output bytes; a rerun must match these to resume."""
         d = asdict(self)
-        for k in ("out", "workers", "overwrite", "progress"):
+        for k in ("out", "workers", "executor", "task_index", "overwrite", "progress"):
             d.pop(k)
         d["shard_size"] = parse_size(self.shard_size)
-        return d
+        return json.loads(json.dumps(d))
 
-
-@dataclass
-class UnitResult:
-    """A tokenized unit: documents as one token array cut by `lengths` (cheap to send between processes)."""
-
-    index: int
-    records: int
-    text_bytes: int
-    tokens: np.ndarray
-    lengths: np.ndarray
-    positions: list[int]  # record index (within the unit) of each document
-    ids: list[str | None]
-    errors: list[tuple[int, str | None, str]] = field(default_factory=list)  # (record index, id, reason)
+    def check(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
+        if self.num_tasks < 1 or not 0 <= self.task_index < self.num_tasks:
+            raise ConfigError(f"--task-index {self.task_index} must lie in [0, --num-tasks {self.num_tasks})")
+        if self.max_errors < 0:
+            raise ConfigError("--max-errors must be >= 0")
+        parse_size(self.shard_size)
 
 
 @dataclass
@@ -87,90 +87,15 @@ class Summary:
     seconds: float
     tokenizer: str
     engine: str
+    resumed_from_unit: int = 0
+    units: int = 0
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["mb_per_s"] = round(self.text_bytes / 1e6 / max(self.seconds, 1e-9), 2)
         d["tokens_per_s"] = round(self.tokens / max(self.seconds, 1e-9))
         return d
-
-
-# --- worker side -------------------------------------------------------------------------------
-
-_WORKER_TOKENIZER: Tokenizer | None = None
-
-
-def _init_worker(spec: str, engine: str) -> None:
-    global _WORKER_TOKENIZER
-    _WORKER_TOKENIZER = load_tokenizer(spec, engine)
-
-
-def tokenize_unit(unit: Unit, text_field: str, id_field: str, eos_id: int | None,
-                  tokenizer: Tokenizer | None = None) -> UnitResult:
-    """Read and tokenize one unit (runs in a worker process)."""
-    tok = tokenizer or _WORKER_TOKENIZER
-    pieces: list[np.ndarray] = []
-    lengths: list[int] = []
-    positions: list[int] = []
-    ids: list[str | None] = []
-    errors: list[tuple[int, str | None, str]] = []
-    pending: list[str] = []
-    pending_chars = 0
-    records = text_bytes = 0
-    eos = np.array([eos_id], dtype=np.uint32) if eos_id is not None else None
-
-    def encode_pending() -> None:
-        for ids_ in tok.encode_batch(pending):
-            pieces.append(ids_)
-            n = len(ids_)
-            if eos is not None:
-                pieces.append(eos)
-                n += 1
-            lengths.append(n)
-        pending.clear()
-
-    for rec in read_unit(unit, text_field, id_field):
-        records += 1
-        if rec.text is None:
-            errors.append((rec.index, rec.id, rec.error or "bad record"))
-            continue
-        pending.append(rec.text)
-        positions.append(rec.index)
-        ids.append(rec.id)
-        pending_chars += len(rec.text)
-        text_bytes += len(rec.text)
-        if pending_chars >= ENCODE_BATCH_CHARS:
-            encode_pending()
-            pending_chars = 0
-    encode_pending()
-    tokens = np.concatenate(pieces).astype(np.uint32, copy=False) if pieces else np.zeros(0, np.uint32)
-    return UnitResult(unit.index, records, text_bytes, tokens, np.asarray(lengths, dtype=np.int64),
-                      positions, ids, errors)
-
-
-# --- main side ---------------------------------------------------------------------------------
-
-def _results_in_order(units: list[Unit], cfg: TokenizeConfig, tok: Tokenizer, workers: int,
-                      eos_id: int | None) -> Iterator[UnitResult]:
-    """Tokenize units on `workers` processes; yield results in unit order with a bounded window."""
-    if workers <= 1:
-        for u in units:
-            yield tokenize_unit(u, cfg.text_field, cfg.id_field, eos_id, tok)
-        return
-    window = 2 * workers
-    with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(cfg.tokenizer, cfg.engine)) as pool:
-        pending: deque[Future] = deque()
-        todo = iter(units)
-        for u in todo:
-            pending.append(pool.submit(tokenize_unit, u, cfg.text_field, cfg.id_field, eos_id))
-            if len(pending) >= window:
-                break
-        while pending:
-            result = pending.popleft().result()
-            nxt = next(todo, None)
-            if nxt is not None:
-                pending.append(pool.submit(tokenize_unit, nxt, cfg.text_field, cfg.id_field, eos_id))
-            yield result
 
 
 def in_val_split(doc_id: str, seed: int, fraction: float) -> bool:
@@ -181,109 +106,188 @@ def in_val_split(doc_id: str, seed: int, fraction: float) -> bool:
     return int.from_bytes(h, "little") / 2.0**64 < fraction
 
 
+class Layout:
+    """Where one task of a run writes: split folders, its part of them, its work and error files."""
+
+    def __init__(self, cfg: TokenizeConfig):
+        self.out = cfg.out
+        self.splits = ["train"] if cfg.val_fraction <= 0 else ["train", "val"]
+        self.tasked = cfg.num_tasks > 1
+        tag = f"{cfg.task_index:05d}"
+        self.work = os.path.join(cfg.out, WORK_DIR, f"task-{tag}")
+        self.errors = os.path.join(cfg.out, f"_errors-{tag}.jsonl" if self.tasked else "_errors.jsonl")
+        self.part = f"part-{tag}" if self.tasked else None
+
+    def split_dir(self, split: str) -> str:
+        return self.out if self.splits == ["train"] else os.path.join(self.out, split)
+
+    def writer_dir(self, split: str) -> str:
+        return os.path.join(self.split_dir(split), self.part) if self.part else self.split_dir(split)
+
+    def finished_manifest(self) -> str | None:
+        path = os.path.join(self.writer_dir("train"), MANIFEST_NAME)
+        return path if os.path.exists(path) else None
+
+    def clear(self) -> None:
+        """Remove this task's earlier output (for --overwrite)."""
+        for path in [self.work, self.errors] + [self.writer_dir(s) for s in ("train", "val")]:
+            if os.path.isdir(path) and path != self.out:
+                shutil.rmtree(path)
+            elif os.path.isfile(path):
+                os.remove(path)
+        if not self.tasked and os.path.isdir(self.out):
+            for name in os.listdir(self.out):
+                if name.startswith("shard-") or name in (MANIFEST_NAME, "tokenizer.json", "tokenizer.tiktoken"):
+                    os.remove(os.path.join(self.out, name))
+
+
+def _refuse_if_different(cfg: TokenizeConfig, previous: dict[str, Any] | None, where: str) -> None:
+    now = cfg.output_settings()
+    if previous != now:
+        changed = sorted(k for k in now if (previous or {}).get(k) != now[k])
+        raise ConfigError(f"{where} holds work made with other settings ({', '.join(changed) or 'unknown'}); "
+                          f"pass --overwrite to replace it")
+
+
 def _display_names(files: list[str]) -> dict[str, str]:
-    """Input names relative to their common folder: stable ids that survive moving the corpus."""
+    """Input names relative to their common folder: ids that survive moving the corpus."""
     if len(files) == 1:
         return {files[0]: os.path.basename(files[0])}
     root = os.path.commonpath([f.split("://")[-1] for f in files])
     return {f: os.path.relpath(f.split("://")[-1], root) for f in files}
 
 
-def _prepare_out(cfg: TokenizeConfig) -> None:
-    index = os.path.join(cfg.out, MANIFEST_NAME)
-    split_index = os.path.join(cfg.out, "train", MANIFEST_NAME)
-    existing = index if os.path.exists(index) else split_index if os.path.exists(split_index) else None
-    if existing and not cfg.overwrite:
-        previous = read_manifest(existing).provenance.get("settings")
-        if previous != json.loads(json.dumps(cfg.output_settings())):
-            changed = sorted(k for k in cfg.output_settings() if (previous or {}).get(k) != cfg.output_settings()[k])
-            raise ConfigError(f"{cfg.out} already holds a dataset made with other settings "
-                              f"({', '.join(changed) or 'unknown'}); pass --overwrite to replace it")
-    if os.path.isdir(cfg.out):
-        for name in os.listdir(cfg.out):
-            if name.startswith("shard-") or name in ("train", "val", "_errors.jsonl", MANIFEST_NAME,
-                                                     "tokenizer.json", "tokenizer.tiktoken"):
-                path = os.path.join(cfg.out, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    os.makedirs(cfg.out, exist_ok=True)
-
-
 def tokenize(cfg: TokenizeConfig) -> Summary:
-    """Run a whole tokenize job and return its summary."""
-    if not 0 <= cfg.val_fraction < 1:
-        raise ConfigError(f"--val-fraction must lie in [0, 1), got {cfg.val_fraction}")
+    """Run (or resume) one task of a tokenize job and return its summary."""
+    cfg.check()
     started = time.perf_counter()
     files = expand_inputs(cfg.inputs)
     tok = load_tokenizer(cfg.tokenizer, cfg.engine)
-    units = plan_units(files, cfg.unit_bytes)
-    _prepare_out(cfg)
+    all_units = plan_units(files, cfg.unit_bytes)
+    lo = cfg.task_index * len(all_units) // cfg.num_tasks
+    hi = (cfg.task_index + 1) * len(all_units) // cfg.num_tasks
+    units = all_units[lo:hi]
+    layout = Layout(cfg)
+    if cfg.overwrite:
+        layout.clear()
+    done = layout.finished_manifest()
+    if done:
+        _refuse_if_different(cfg, read_manifest(done).provenance.get("settings"), cfg.out)
+        return _summary_of_finished(cfg, layout, tok, started)
+    progress = load_progress(layout.work)
+    if progress is not None:
+        _refuse_if_different(cfg, progress.settings, cfg.out)
+    elif os.path.isdir(cfg.out) and any(os.path.exists(os.path.join(layout.split_dir(s), MANIFEST_NAME))
+                                        for s in ("train", "val")) and not layout.tasked:
+        previous = read_manifest(os.path.join(layout.split_dir("train"), MANIFEST_NAME)) \
+            if os.path.exists(os.path.join(layout.split_dir("train"), MANIFEST_NAME)) else None
+        _refuse_if_different(cfg, previous.provenance.get("settings") if previous else None, cfg.out)
+    os.makedirs(layout.work, exist_ok=True)
+
+    provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
+                  "task": {"index": cfg.task_index, "of": cfg.num_tasks, "units": [lo, hi]},
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    writers: dict[str, SpilledWriter] = {}
+    for split in layout.splits:
+        os.makedirs(layout.writer_dir(split), exist_ok=True)
+        meta = tok.copy_into(layout.writer_dir(split))
+        w = ShardWriter(layout.writer_dir(split), tokenizer_meta=meta, format=cfg.format,
+                        compression=cfg.compression, shard_size=cfg.shard_size, zstd_level=cfg.zstd_level,
+                        provenance=provenance)
+        writers[split] = SpilledWriter(w, layout.work, split)
+    resumed_from = 0
+    if progress is None:
+        progress = Progress(settings=cfg.output_settings())
+        for w in writers.values():
+            w.start()
+        with open(layout.errors, "w"):
+            pass
+    else:
+        resumed_from = progress.next_unit
+        for split, w in writers.items():
+            w.restore(progress.splits[split])
+        with open(layout.errors, "ab") as f:
+            f.truncate(progress.errors_log_bytes)
+
+    spec = UnitSpec(cfg.tokenizer, cfg.engine, cfg.text_field, cfg.id_field,
+                    tok.meta.eos_id if cfg.eos else None, tok.meta.dtype)
     workers = cfg.workers or os.cpu_count() or 1
     names = _display_names(files)
-    provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    splits = {"train": cfg.out} if cfg.val_fraction <= 0 else \
-        {"train": os.path.join(cfg.out, "train"), "val": os.path.join(cfg.out, "val")}
-    writers = {}
-    for split, path in splits.items():
-        os.makedirs(path, exist_ok=True)
-        meta = tok.copy_into(path)
-        writers[split] = ShardWriter(path, tokenizer_meta=meta, format=cfg.format, compression=cfg.compression,
-                                     shard_size=cfg.shard_size, zstd_level=cfg.zstd_level, provenance=provenance)
-    eos_id = tok.meta.eos_id if cfg.eos else None
-    errors_path = os.path.join(cfg.out, "_errors.jsonl")
-    n_errors = n_docs = n_tokens = text_bytes = 0
-    records_before = 0
-    current_file = None
-    bar = tqdm(total=sum(u.size for u in units), unit="B", unit_scale=True, desc="tokenize",
-               disable=not cfg.progress, dynamic_ncols=True)
-    with open(errors_path, "w") as errlog:
-        for result in _results_in_order(units, cfg, tok, workers, eos_id):
-            unit = units[result.index]
-            if unit.file != current_file:
-                current_file, records_before = unit.file, 0
-            name = names[unit.file]
-            for rec_index, doc_id, reason in result.errors:
-                n_errors += 1
-                where = _where(unit, records_before + rec_index)
-                errlog.write(json.dumps({"file": unit.file, **where, "id": doc_id, "reason": reason}) + "\n")
-                if n_errors > cfg.max_errors:
-                    errlog.flush()
-                    raise InputError(f"{unit.file} {_where_text(where)}: {reason} — {n_errors} bad records, more "
-                                     f"than --max-errors {cfg.max_errors}; see {errors_path}")
-            ends = np.cumsum(result.lengths)
-            for k, (pos, doc_id) in enumerate(zip(result.positions, result.ids)):
-                if doc_id is None:
-                    doc_id = _default_id(unit, name, records_before + pos)
-                split = "val" if in_val_split(doc_id, cfg.seed, cfg.val_fraction) else "train"
-                writers[split].write(result.tokens[ends[k] - result.lengths[k]:ends[k]], id=doc_id)
-            records_before += result.records
-            n_docs += len(result.ids)
-            n_tokens += int(result.tokens.size)
-            text_bytes += result.text_bytes
+    todo = units[progress.next_unit:]
+    bar = tqdm(total=sum(u.size for u in units), initial=sum(u.size for u in units[:progress.next_unit]),
+               unit="B", unit_scale=True, desc="tokenize", disable=not cfg.progress, dynamic_ncols=True)
+    scratch = os.path.join(layout.work, "units")
+    shutil.rmtree(scratch, ignore_errors=True)
+    with open(layout.errors, "a") as errlog:
+        for out in run_units(todo, spec, workers, cfg.executor, scratch):
+            unit = all_units[out.stats.index]
+            _commit(out, unit, names[unit.file], cfg, progress, writers, errlog, layout.errors)
+            progress.next_unit += 1
+            errlog.flush()
+            progress.errors_log_bytes = errlog.tell()
+            save_progress(layout.work, progress, writers)
             bar.update(unit.size)
-            bar.set_postfix(docs=n_docs, tokens=n_tokens, refresh=False)
+            bar.set_postfix(docs=progress.documents, tokens=progress.tokens, refresh=False)
     bar.close()
     datasets = {}
     for split, w in writers.items():
-        m = w.close()
+        w.close()
+        m = w.writer.close()
         datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
-    return Summary(cfg.out, datasets, n_docs, n_tokens, text_bytes, n_errors, time.perf_counter() - started,
-                   tok.meta.name, tok.engine)
+    shutil.rmtree(layout.work)
+    if not os.listdir(os.path.join(cfg.out, WORK_DIR)):
+        os.rmdir(os.path.join(cfg.out, WORK_DIR))
+    notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
+             f"are done"] if layout.tasked else []
+    return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
+                   time.perf_counter() - started, tok.meta.name, tok.engine, resumed_from, len(units), notes)
 
 
-def _where(unit: Unit, record: int) -> dict[str, Any]:
-    if unit.kind == "jsonl":
-        return {"line": record + 1}
-    if unit.kind == "parquet":
-        return {"row": record}
-    return {"file_document": record}
+def _commit(out: UnitOutput, unit: Unit, name: str, cfg: TokenizeConfig, progress: Progress,
+            writers: dict[str, SpilledWriter], errlog, errors_path: str) -> None:
+    """Write one unit's documents into the split writers and its bad records into the error log."""
+    if unit.file != progress.current_file:
+        progress.current_file, progress.records_before = unit.file, 0
+    base = progress.records_before
+    for batch in out.batches:
+        positions = batch.column(0).to_numpy()
+        ids = batch.column(1).to_pylist()
+        errors = batch.column(3).to_pylist()
+        tokens = batch.column(2)
+        offsets = tokens.offsets.to_numpy()
+        values = tokens.values.to_numpy(zero_copy_only=False)
+        for i, pos in enumerate(positions.tolist()):
+            record = base + pos
+            if errors[i] is not None:
+                progress.errors += 1
+                where = {"line": record + 1} if unit.kind == "jsonl" else {"row": record} \
+                    if unit.kind == "parquet" else {"document": record}
+                errlog.write(json.dumps({"file": unit.file, **where, "id": ids[i], "reason": errors[i]}) + "\n")
+                if progress.errors > cfg.max_errors:
+                    errlog.flush()
+                    where_text = ", ".join(f"{k} {v}" for k, v in where.items())
+                    raise InputError(f"{unit.file} {where_text}: {errors[i]} — {progress.errors} bad records, "
+                                     f"more than --max-errors {cfg.max_errors}; see {errors_path}")
+                continue
+            doc_id = ids[i]
+            if doc_id is None:
+                doc_id = name if unit.kind == "text" else f"{name}:{record + 1 if unit.kind == 'jsonl' else record}"
+            split = "val" if in_val_split(doc_id, cfg.seed, cfg.val_fraction) else "train"
+            doc = values[offsets[i]:offsets[i + 1]]
+            writers[split].write(doc, doc_id)
+            progress.documents += 1
+            progress.tokens += int(doc.size)
+    progress.records_before += out.stats.records
+    progress.text_bytes += out.stats.text_bytes
+    out.cleanup()
 
 
-def _where_text(where: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in where.items())
-
-
-def _default_id(unit: Unit, name: str, record: int) -> str:
-    if unit.kind == "text":
-        return name
-    return f"{name}:{record + 1 if unit.kind == 'jsonl' else record}"
+def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, tok, started: float) -> Summary:
+    datasets, docs, tokens = {}, 0, 0
+    for split in layout.splits:
+        m = read_manifest(os.path.join(layout.writer_dir(split), MANIFEST_NAME))
+        datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
+        docs, tokens = docs + m.documents, tokens + m.tokens
+    errors = sum(1 for _ in open(layout.errors)) if os.path.exists(layout.errors) else 0
+    return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - started, tok.meta.name,
+                   tok.engine, notes=["already complete: nothing to do"])
