@@ -10,6 +10,7 @@ ranks or workers can continue from it.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -160,32 +161,56 @@ class StreamingDataset(IterableDataset):
         for k in [k for k in self._open if k not in keep]:
             del self._open[k]
 
-    def collate(self, ids: np.ndarray) -> dict[str, Any]:
-        """A batch of the given global sample ids as a dict of stacked tensors."""
-        order = self.order()
-        shard_ids, within = order.locate(ids)
+    def batch_layout(self, batch_size: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """Shapes and dtypes of a packed batch (what a slot of the hand-off ring holds)."""
         if self.seq_len is None:
-            docs = [self._shard(int(k)).document(int(j)) for k, j in zip(shard_ids, within)]
-            batch: dict[str, Any] = {"tokens": [torch.from_numpy(t.astype(np.int64)) for _, t in docs],
-                                     "id": [d for d, _ in docs]}
-        else:
-            L = self.seq_len
-            inputs = np.empty((len(ids), L), dtype=np.int64)
-            labels = np.empty((len(ids), L), dtype=np.int64)
-            positions = np.empty((len(ids), L), dtype=np.int64) if self.position_ids else None
-            for i, (k, j) in enumerate(zip(shard_ids.tolist(), within.tolist())):
-                shard = self._shard(k)
-                window = shard.window(j * L, L + 1)
-                np.copyto(inputs[i], window[:-1])
-                np.copyto(labels[i], window[1:])
-                if positions is not None:
-                    positions[i] = _positions(shard.doc_boundaries(j * L, L), L)
-            batch = {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
+            raise ConfigError("whole-document batches have no fixed layout; set seq_len")
+        fields = ["input_ids", "labels"] + (["position_ids"] if self.position_ids else [])
+        return {k: ((batch_size, self.seq_len), np.int64) for k in fields}
+
+    def collate_into(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> dict[str, float]:
+        """Write the packed windows of global sample `ids` into the rows of `out`; returns stage times."""
+        order = self.order()
+        t0 = time.perf_counter()
+        shard_ids, within = order.locate(ids)
+        L = self.seq_len
+        inputs, labels = out["input_ids"], out["labels"]
+        positions = out.get("position_ids")
+        read = copy = 0.0
+        for i, (k, j) in enumerate(zip(shard_ids.tolist(), within.tolist())):
+            t1 = time.perf_counter()
+            shard = self._shard(k)
+            window = shard.window(j * L, L + 1)
+            t2 = time.perf_counter()
+            np.copyto(inputs[i], window[:-1])
+            np.copyto(labels[i], window[1:])
             if positions is not None:
-                batch["position_ids"] = torch.from_numpy(positions)
+                positions[i] = _positions(shard.doc_boundaries(j * L, L), L)
+            t3 = time.perf_counter()
+            read += t2 - t1
+            copy += t3 - t2
         if len(ids):
             self._evict_outside(int(order.block_of(int(ids[-1]))))
-        return batch
+        total = time.perf_counter() - t0
+        return {"read": read, "collate": copy, "shuffle": total - read - copy}
+
+    def collate(self, ids: np.ndarray) -> dict[str, Any]:
+        """A batch of the given global sample ids as a dict of stacked tensors."""
+        if self.seq_len is None:
+            shard_ids, within = self.order().locate(ids)
+            docs = [self._shard(int(k)).document(int(j)) for k, j in zip(shard_ids, within)]
+            if len(ids):
+                self._evict_outside(int(self.order().block_of(int(ids[-1]))))
+            return {"tokens": [torch.from_numpy(t.astype(np.int64)) for _, t in docs], "id": [d for d, _ in docs]}
+        out = {k: np.empty(shape, dtype)
+               for k, (shape, dtype) in self.batch_layout(len(ids)).items()}
+        self.collate_into(ids, out)
+        return {k: torch.from_numpy(v) for k, v in out.items()}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_open"], state["_order"] = {}, None  # open shards and caches stay with their process
+        return state
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """This rank's samples one by one (split across DataLoader workers when inside one)."""

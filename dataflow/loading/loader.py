@@ -2,8 +2,9 @@
 
 Batch b of an epoch holds this rank's samples [b*B, (b+1)*B). With workers, worker w builds the
 batches b with b % num_workers == w and the loader yields them back in order, so the batches do not
-depend on `num_workers`. The state is the dataset's (epoch, global samples consumed): small,
-JSON-serialisable, and valid for any number of workers or ranks.
+depend on `num_workers`. Packed batches travel from the workers through a shared-memory slot ring
+(`handoff.py`): no per-batch allocation, only slot numbers cross processes. The state is the dataset's
+(epoch, global samples consumed): small, JSON-serialisable, valid for any number of workers or ranks.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dataflow.errors import ConfigError
 from dataflow.loading.dataset import StreamingDataset
+from dataflow.loading.handoff import WorkerPool
 
 
 class _BatchStream(IterableDataset):
-    """What each torch worker runs: its share of the epoch's batches, already collated."""
+    """Whole-document batches through torch's DataLoader (variable sizes do not fit a fixed ring)."""
 
     def __init__(self, dataset: StreamingDataset, batch_size: int, num_batches: int, consumed: int):
         self.dataset, self.batch_size, self.num_batches, self.consumed = dataset, batch_size, num_batches, consumed
@@ -38,41 +40,84 @@ class StreamingDataLoader:
     Each `iter()` serves the rest of the current epoch; once an epoch is finished the next `iter()`
     starts the next one. Takes DataLoader's `num_workers`, `pin_memory`, `persistent_workers`,
     `prefetch_factor`, `timeout` and `multiprocessing_context`.
+
+    With workers, a yielded packed batch is a view of a shared slot: it stays valid until the consumer
+    has taken `lifetime` more batches (default 4, enough for a `DevicePrefetcher` of depth 2). Pass
+    `copy=True` for batches you own. `pin_memory=True` page-locks the slot ring when CUDA is present.
     """
 
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, num_workers: int = 0,
                  drop_last: bool = True, pin_memory: bool = False, persistent_workers: bool = False,
-                 prefetch_factor: int | None = None, timeout: float = 0, multiprocessing_context: Any = None):
+                 prefetch_factor: int | None = None, timeout: float = 0, multiprocessing_context: Any = None,
+                 lifetime: int = 4, copy: bool = False):
         if not isinstance(dataset, StreamingDataset):
             raise ConfigError("StreamingDataLoader takes a StreamingDataset")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be positive, got {batch_size}")
+        if num_workers < 0 or lifetime < 1:
+            raise ConfigError("num_workers must be >= 0 and lifetime >= 1")
         self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
-        self.drop_last = drop_last
-        self._loader_kwargs = dict(num_workers=num_workers, pin_memory=pin_memory, timeout=timeout,
-                                   multiprocessing_context=multiprocessing_context)
-        if num_workers > 0:
-            self._loader_kwargs.update(persistent_workers=False, prefetch_factor=prefetch_factor or 2)
+        self.drop_last, self.pin_memory, self.persistent_workers = drop_last, pin_memory, persistent_workers
+        self.prefetch_factor = prefetch_factor or 2
+        self.timeout, self.context = timeout, multiprocessing_context
+        self.lifetime, self.copy = lifetime, copy
         self.batches_yielded = 0  # in the current iteration
+        self._pool: WorkerPool | None = None
 
     def __len__(self) -> int:
         """Batches left in the current epoch for this rank (the same on every rank)."""
         per_rank = self.dataset.samples_per_rank()
         return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
 
+    def _batches(self, start: int, num_batches: int) -> Iterator[dict[str, Any]]:
+        ds = self.dataset
+        if self.num_workers == 0:
+            return iter(_BatchStream(ds, self.batch_size, num_batches, start))
+        if ds.seq_len is None:
+            loader = DataLoader(_BatchStream(ds, self.batch_size, num_batches, start), batch_size=None,
+                                num_workers=self.num_workers, pin_memory=self.pin_memory, timeout=self.timeout,
+                                prefetch_factor=self.prefetch_factor, multiprocessing_context=self.context)
+            return iter(loader)
+        if self._pool is None:
+            self._pool = WorkerPool(ds, ds.batch_layout(self.batch_size), self.num_workers, self.prefetch_factor,
+                                    self.lifetime, self.context, pin=self.pin_memory, timeout=self.timeout)
+        return self._pool.run(ds.epoch, start, num_batches, self.batch_size)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         ds = self.dataset
         start, num_batches = ds.consumed, len(self)
         _, world = ds.rank_world()
-        stream = _BatchStream(ds, self.batch_size, num_batches, start)
-        source = iter(stream) if self.num_workers == 0 else \
-            iter(DataLoader(stream, batch_size=None, **self._loader_kwargs))
         self.batches_yielded = 0
-        for batch in source:
-            self.batches_yielded += 1
-            ds.consumed = min(start + self.batches_yielded * self.batch_size * world, ds.num_samples)
-            yield batch
-        ds.epoch, ds.consumed = ds.epoch + 1, 0
+        source = self._batches(start, num_batches)
+        try:
+            for batch in source:
+                self.batches_yielded += 1
+                ds.consumed = min(start + self.batches_yielded * self.batch_size * world, ds.num_samples)
+                yield {k: v.clone() for k, v in batch.items()} if self.copy else batch
+            ds.epoch, ds.consumed = ds.epoch + 1, 0
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+            if not self.persistent_workers:
+                self.close()
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """Worker time per pipeline stage so far (read/decompress, shuffle, collate), summed over workers."""
+        return dict(self._pool.stage_totals) if self._pool else {}
+
+    def close(self) -> None:
+        """Stop the worker processes (also done at the end of each epoch unless persistent_workers)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)

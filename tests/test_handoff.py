@@ -1,0 +1,133 @@
+"""Worker hand-off through the shared slot ring: order, no per-batch allocation, failures, shutdown."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from dataflow import DataflowError, ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
+from dataflow.loading.handoff import WorkerDied
+
+SEQ = 32
+
+
+@pytest.fixture(scope="module")
+def ds_path(tmp_path_factory):
+    out = tmp_path_factory.mktemp("handoff")
+    meta = TokenizerMeta(kind="hf", name="counting", vocab_size=65536, eos_id=65535)
+    with ShardWriter(str(out), tokenizer_meta=meta, shard_size="16KB") as w:
+        for doc in np.array_split(np.arange(60_000), 200):
+            w.write(doc)
+    return str(out)
+
+
+class SlowDataset(StreamingDataset):
+    """Sleeps in the worker while collating: a slow producer."""
+
+    delay = 0.0
+    fail_at_batch = None
+
+    def collate_into(self, ids, out):
+        if self.fail_at_batch is not None and ids[0] >= self.fail_at_batch * 4:
+            raise ValueError(f"injected failure reading sample {ids[0]}")
+        time.sleep(self.delay)
+        return super().collate_into(ids, out)
+
+
+def reference(ds_path, n=None):
+    ds = StreamingDataset(ds_path, seq_len=SEQ, seed=5)
+    return [b["input_ids"].clone() for b in StreamingDataLoader(ds, batch_size=4)][:n]
+
+
+@pytest.mark.parametrize("delay,consumer_delay", [(0.005, 0.0), (0.0, 0.005)])
+def test_values_and_order_through_the_ring(ds_path, delay, consumer_delay):
+    want = reference(ds_path, 60)
+    ds = SlowDataset(ds_path, seq_len=SEQ, seed=5)
+    ds.delay = delay
+    loader = StreamingDataLoader(ds, batch_size=4, num_workers=2)
+    for i, b in enumerate(loader):
+        if i == 60:
+            break
+        time.sleep(consumer_delay)
+        assert torch.equal(b["input_ids"], want[i])
+
+
+def _fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _shm():
+    return len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
+
+
+def test_no_per_batch_allocation_after_warm_up(ds_path):
+    ds = StreamingDataset(ds_path, seq_len=SEQ, seed=5)
+    loader = StreamingDataLoader(ds, batch_size=4, num_workers=2)
+    seen = {}
+    for i, b in enumerate(loader):
+        if i in (20, 300):
+            pids = loader._pool.pids()
+            seen[i] = ([_fds(p) for p in pids], _fds(os.getpid()), _shm(), b["input_ids"].data_ptr())
+    assert seen[20][:3] == seen[300][:3]  # no new descriptors or shared-memory segments per batch
+
+
+def test_batch_memory_is_the_preallocated_ring(ds_path):
+    ds = StreamingDataset(ds_path, seq_len=SEQ)
+    loader = StreamingDataLoader(ds, batch_size=4, num_workers=2)
+    ptrs = set()
+    slots = None
+    for i, b in enumerate(loader):
+        slots = loader._pool.ring.slots
+        ring = loader._pool.ring.buffer
+        lo, hi = ring.data_ptr(), ring.data_ptr() + ring.numel()
+        assert lo <= b["input_ids"].data_ptr() < hi
+        ptrs.add(b["input_ids"].data_ptr())
+        if i == 100:
+            break
+    assert 1 < len(ptrs) <= slots  # 100 batches through a handful of reused slots
+
+
+def test_worker_exception_reaches_the_user(ds_path):
+    ds = SlowDataset(ds_path, seq_len=SEQ, shuffle=False)
+    ds.fail_at_batch = 7
+    with pytest.raises(ValueError, match="injected failure reading sample"):
+        for _ in StreamingDataLoader(ds, batch_size=4, num_workers=2):
+            pass
+
+
+def test_dead_worker_is_reported_not_a_hang(ds_path):
+    ds = SlowDataset(ds_path, seq_len=SEQ)
+    ds.delay = 0.01
+    loader = StreamingDataLoader(ds, batch_size=4, num_workers=2)
+    with pytest.raises(WorkerDied, match="died"):
+        for i, _ in enumerate(loader):
+            if i == 3:
+                os.kill(loader._pool.pids()[1], signal.SIGKILL)
+
+
+def test_break_and_persistent_workers(ds_path):
+    ds = StreamingDataset(ds_path, seq_len=SEQ, seed=5)
+    loader = StreamingDataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, copy=True)
+    first = []
+    for i, b in enumerate(loader):
+        first.append(b["input_ids"])
+        if i == 5:
+            break
+    pids = loader._pool.pids()
+    rest = [b["input_ids"] for b in loader]  # resumes the same epoch after the break, same worker processes
+    assert loader._pool.pids() == pids
+    want = reference(ds_path)
+    got = first + rest
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    loader.close()
+    assert loader._pool is None
+
+
+def test_partial_last_batch_without_drop_last(ds_path):
+    ds = StreamingDataset(ds_path, seq_len=SEQ)
+    batches = list(StreamingDataLoader(ds, batch_size=7, num_workers=2, drop_last=False, copy=True))
+    assert sum(len(b["input_ids"]) for b in batches) == ds.num_samples
+    assert len(batches[-1]["input_ids"]) == ds.num_samples % 7 or ds.num_samples % 7 == 0
