@@ -68,7 +68,8 @@ class ArrowShard:
     def __init__(self, path: str):
         self.path = path
         try:
-            self._reader = pa.ipc.open_file(pa.memory_map(path, "r"))
+            self._reader = pa.ipc.open_file(pa.memory_map(path, "r"),
+                                            options=pa.ipc.IpcReadOptions(use_threads=False))
         except (pa.ArrowInvalid, OSError) as e:
             raise FormatError(f"{path}: not a readable Arrow IPC file ({e})") from None
         names = self._reader.schema.names

@@ -55,9 +55,9 @@ class OpenShard:
 
     def window(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start+length) of the shard's token stream (a view when it fits one batch)."""
-        i = int(np.searchsorted(self.token_starts, start, side="right") - 1)
+        i = int(self.token_starts.searchsorted(start, side="right")) - 1
         off = start - int(self.token_starts[i])
-        b = self.batch(i)
+        b = self.batches.get(i) or self.batch(i)
         if off + length <= len(b.tokens):
             return b.tokens[off:off + length]
         pieces, need = [b.tokens[off:]], length - (len(b.tokens) - off)

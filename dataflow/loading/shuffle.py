@@ -66,10 +66,14 @@ class EpochOrder:
         g = np.asarray(g, dtype=np.int64)
         if g.size and (g.min() < 0 or g.max() >= self.total):
             raise IndexError(f"sample id out of range [0, {self.total})")
-        blocks = self.block_of(g)
-        local = np.empty_like(g)
-        for b in np.unique(blocks):
-            sel = blocks == b
-            local[sel] = self._perm(int(b))[g[sel] - self.block_starts[b]] + self.block_starts[b]
-        pos = np.searchsorted(self.shard_starts, local, side="right") - 1  # position in visiting order
+        blocks = self.block_starts.searchsorted(g, side="right") - 1
+        first, last = int(blocks.min(initial=0)), int(blocks.max(initial=0))
+        if first == last:  # the common case: a batch inside one block
+            local = self._perm(first)[g - self.block_starts[first]] + self.block_starts[first]
+        else:
+            local = np.empty_like(g)
+            for b in range(first, last + 1):
+                sel = blocks == b
+                local[sel] = self._perm(b)[g[sel] - self.block_starts[b]] + self.block_starts[b]
+        pos = self.shard_starts.searchsorted(local, side="right") - 1  # position in visiting order
         return self.order[pos], local - self.shard_starts[pos]
