@@ -20,6 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
 from dataflow.loading.shards import OpenShard
+from dataflow.loading.mixing import Blend
 from dataflow.loading.shuffle import EpochOrder
 from dataflow.loading.storage import Storage
 
@@ -42,7 +43,9 @@ class StreamingDataset(IterableDataset):
     """Deterministically shuffled, rank-partitioned, exactly resumable token samples.
 
     Args:
-        source: a dataset folder or URL, or a list of them (their shards are read as one dataset).
+        source: a dataset folder or URL; a list of them (their shards are read as one dataset); or
+            `{path: weight}` to mix datasets: each source goes through its own epochs, and over any
+            prefix each is within one sample of its share (see `mixing.py`).
         seq_len: pack documents into windows of seq_len+1 tokens; None yields whole documents.
         shuffle, seed: the epoch order is a pure function of (seed, epoch, manifest).
         shuffle_window: shards whose samples are shuffled together; memory holds about this many
@@ -52,13 +55,15 @@ class StreamingDataset(IterableDataset):
         cache_dir: where remote shards are cached.
     """
 
-    def __init__(self, source: str | list[str], *, seq_len: int | None = None, shuffle: bool = True,
-                 seed: int = 0, shuffle_window: int = 8, rank: int | None = None, world_size: int | None = None,
-                 position_ids: bool = False, cache_dir: str | None = None):
+    def __init__(self, source: str | list[str] | dict[str, float], *, seq_len: int | None = None,
+                 shuffle: bool = True, seed: int = 0, shuffle_window: int = 8, rank: int | None = None,
+                 world_size: int | None = None, position_ids: bool = False, cache_dir: str | None = None):
         super().__init__()
+        weights = None
         if isinstance(source, dict):
-            raise ConfigError("mixing {path: weight} sources is not supported yet; pass a path or a list")
-        paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+            paths, weights = list(source), [float(w) for w in source.values()]
+        else:
+            paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         if not paths:
             raise ConfigError("StreamingDataset needs at least one dataset path")
         if seq_len is not None and seq_len < 1:
@@ -83,10 +88,23 @@ class StreamingDataset(IterableDataset):
         else:
             self.counts = np.array([s.documents for _, s in self.shards], dtype=np.int64)
             self.dropped_tokens = 0
+        # A stream is a run of shards with its own epoch order: one for a path or a list (read as one
+        # dataset), one per source when mixing, each source then going through its own epochs.
+        source_of = np.array([i for i, _ in self.shards], dtype=np.int64)
+        if weights is None:
+            self.streams = [np.arange(len(self.shards))]
+            self.blend = None
+        else:
+            self.streams = [np.flatnonzero(source_of == i) for i in range(len(paths))]
+            self.blend = Blend(weights)
+            for path, stream, w in zip(self.paths, self.streams, weights):
+                if w > 0 and self.counts[stream].sum() == 0:
+                    raise ConfigError(f"{path} has no sample of seq_len {seq_len}; it cannot be mixed in")
         self.epoch = 0
         self.consumed = 0  # global samples of this epoch already served (set by load_state_dict)
-        self._order: EpochOrder | None = None
+        self._orders: dict[tuple[int, int], EpochOrder] = {}
         self._open: dict[int, OpenShard] = {}
+        self._current_blocks: dict[int, tuple[int, int]] = {}  # stream -> (its epoch, block) last read
 
     # --- sizes ----------------------------------------------------------------------------------
     @property
@@ -118,10 +136,41 @@ class StreamingDataset(IterableDataset):
         if epoch != self.epoch:
             self.epoch, self.consumed = int(epoch), 0
 
-    def order(self) -> EpochOrder:
-        if self._order is None or self._order.epoch != self.epoch:
-            self._order = EpochOrder(self.counts, self.seed, self.epoch, self.shuffle, self.shuffle_window)
-        return self._order
+    def order(self, stream: int = 0, epoch: int | None = None) -> EpochOrder:
+        """The sample order of one stream's epoch (a pure function of seed, epoch and the manifest)."""
+        epoch = self.epoch if epoch is None else epoch
+        key = (stream, epoch)
+        if key not in self._orders:
+            if len(self._orders) >= 2 * len(self.streams):
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[key] = EpochOrder(self.counts[self.streams[stream]], self.seed, epoch, self.shuffle,
+                                           self.shuffle_window, stream=stream)
+        return self._orders[key]
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global sample ids of this epoch -> (shard index, sample index within the shard)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.blend is None:
+            return self._locate_in(0, self.epoch, ids)
+        source, n = self.blend.locate(self.epoch * self.num_samples + ids)
+        shards, within = np.empty_like(ids), np.empty_like(ids)
+        for s in np.unique(source).tolist():
+            sel = source == s
+            total = int(self.counts[self.streams[s]].sum())
+            epochs, g = np.divmod(n[sel], total)
+            for e in np.unique(epochs).tolist():
+                sub = epochs == e
+                k, j = self._locate_in(s, e, g[sub])
+                idx = np.flatnonzero(sel)[sub]
+                shards[idx], within[idx] = k, j
+        return shards, within
+
+    def _locate_in(self, stream: int, epoch: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = self.order(stream, epoch)
+        k, j = order.locate(g)
+        if len(g):
+            self._current_blocks[stream] = (epoch, int(order.block_of(int(g[-1]))))
+        return self.streams[stream][k], j
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
@@ -156,8 +205,11 @@ class StreamingDataset(IterableDataset):
                                   f"{info.tokens}; run `dataflow verify`")
         return shard
 
-    def _evict_outside(self, block: int) -> None:
-        keep = set(self.order().block_shards(block).tolist())
+    def _evict_read_blocks(self) -> None:
+        """Drop open shards outside each stream's current shuffle block: they are done for this epoch."""
+        keep = set()
+        for stream, (epoch, block) in self._current_blocks.items():
+            keep.update(self.streams[stream][self.order(stream, epoch).block_shards(block)].tolist())
         for k in [k for k in self._open if k not in keep]:
             del self._open[k]
 
@@ -170,9 +222,8 @@ class StreamingDataset(IterableDataset):
 
     def collate_into(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> dict[str, float]:
         """Write the packed windows of global sample `ids` into the rows of `out`; returns stage times."""
-        order = self.order()
         t0 = time.perf_counter()
-        shard_ids, within = order.locate(ids)
+        shard_ids, within = self.locate(ids)
         L = self.seq_len
         inputs, labels = out["input_ids"], out["labels"]
         positions = out.get("position_ids")
@@ -187,17 +238,15 @@ class StreamingDataset(IterableDataset):
             for i, (k, j) in enumerate(zip(shard_ids.tolist(), within.tolist())):
                 positions[i] = _positions(self._shard(k).doc_boundaries(j * L, L), L)
         t3 = time.perf_counter()
-        if len(ids):
-            self._evict_outside(int(order.block_of(int(ids[-1]))))
+        self._evict_read_blocks()
         return {"shuffle": t1 - t0, "read": t2 - t1, "collate": t3 - t2}
 
     def collate(self, ids: np.ndarray) -> dict[str, Any]:
         """A batch of the given global sample ids as a dict of stacked tensors."""
         if self.seq_len is None:
-            shard_ids, within = self.order().locate(ids)
+            shard_ids, within = self.locate(ids)
             docs = [self._shard(int(k)).document(int(j)) for k, j in zip(shard_ids, within)]
-            if len(ids):
-                self._evict_outside(int(self.order().block_of(int(ids[-1]))))
+            self._evict_read_blocks()
             return {"tokens": [torch.from_numpy(t.astype(np.int64)) for _, t in docs], "id": [d for d, _ in docs]}
         out = {k: np.empty(shape, dtype)
                for k, (shape, dtype) in self.batch_layout(len(ids)).items()}
@@ -206,7 +255,7 @@ class StreamingDataset(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_open"], state["_order"] = {}, None  # open shards and caches stay with their process
+        state["_open"], state["_orders"] = {}, {}  # open shards and caches stay with their process
         return state
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

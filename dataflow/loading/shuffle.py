@@ -17,11 +17,11 @@ def _rng(*key: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(k) for k in key])))
 
 
-def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool, stream: int = 0) -> np.ndarray:
     """The order in which shards are visited in this epoch."""
     if not shuffle:
         return np.arange(num_shards, dtype=np.int64)
-    return _rng(seed, epoch, 0).permutation(num_shards).astype(np.int64)
+    return _rng(seed, epoch, stream, 0).permutation(num_shards).astype(np.int64)
 
 
 class EpochOrder:
@@ -30,11 +30,11 @@ class EpochOrder:
     Memory: the shard tables (O(shards)) plus the permutation of one block at a time.
     """
 
-    def __init__(self, counts: np.ndarray, seed: int, epoch: int, shuffle: bool, window: int):
+    def __init__(self, counts: np.ndarray, seed: int, epoch: int, shuffle: bool, window: int, stream: int = 0):
         self.counts = np.asarray(counts, dtype=np.int64)
-        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
+        self.seed, self.epoch, self.shuffle, self.stream = seed, epoch, shuffle, stream
         self.window = max(1, int(window))
-        self.order = shard_order(len(self.counts), seed, epoch, shuffle)
+        self.order = shard_order(len(self.counts), seed, epoch, shuffle, stream)
         ordered = self.counts[self.order]
         # start of each shard (in visiting order) in the global sample sequence
         self.shard_starts = np.concatenate([[0], np.cumsum(ordered)])
@@ -59,7 +59,7 @@ class EpochOrder:
         size = int(self.block_starts[block + 1] - self.block_starts[block])
         if not self.shuffle:
             return np.arange(size, dtype=np.int64)
-        return _rng(self.seed, self.epoch, 1, block).permutation(size).astype(np.int64)
+        return _rng(self.seed, self.epoch, self.stream, 1, block).permutation(size).astype(np.int64)
 
     def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised: global sample ids -> (shard index, sample index within the shard)."""
