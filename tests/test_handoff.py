@@ -135,3 +135,18 @@ def test_partial_last_batch_without_drop_last(ds_path):
     batches = list(StreamingDataLoader(ds, batch_size=7, num_workers=2, drop_last=False, copy=True))
     assert sum(len(b["input_ids"]) for b in batches) == ds.num_samples
     assert len(batches[-1]["input_ids"]) == ds.num_samples % 7 or ds.num_samples % 7 == 0
+
+
+def test_prefetcher_over_ring_batches_sees_intact_values(ds_path):
+    from dataflow import DevicePrefetcher
+
+    want = reference(ds_path)
+    ds = SlowDataset(ds_path, seq_len=SEQ, seed=5)
+    loader = StreamingDataLoader(ds, batch_size=4, num_workers=2)
+    got = []
+    for b in DevicePrefetcher(loader, device="cpu", depth=2):
+        time.sleep(0.001)  # a consumer slower than the ring: batches must not be overwritten under it
+        got.append(b["input_ids"].clone())
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(DataflowError, match="lifetime"):
+        DevicePrefetcher(StreamingDataLoader(ds, batch_size=4, num_workers=2, lifetime=2), device="cpu", depth=2)

@@ -19,6 +19,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from dataflow.errors import ConfigError
+
 _DONE = object()
 
 
@@ -28,7 +30,25 @@ class PrefetchStats:
     wait_s: float = 0.0  # consumer time blocked on the next batch
     last_wait_s: float = 0.0
     host_allocations: int = 0  # pinned slots allocated (stops growing after warm-up)
+    upstream_s: float = 0.0  # producer-thread time blocked on the upstream iterator (host-side loading)
+    copy_s: float = 0.0  # host-to-device copy time, from CUDA events (0 on CPU)
+    direct_copies: int = 0  # batches copied straight from the loader's pinned ring (no staging copy)
     waits: deque = field(default_factory=lambda: deque(maxlen=100_000))  # recent waits, bounded
+
+
+class _TimedEvent:
+    """The start and end CUDA events of one batch's host-to-device copy."""
+
+    def __init__(self, start: Any, end: Any):
+        self.start, self.end = start, end
+
+    def synchronize(self) -> None:
+        self.end.synchronize()
+
+
+def _all_pinned(batch: Any) -> bool:
+    tensors = [batch] if torch.is_tensor(batch) else list(batch.values()) if isinstance(batch, dict) else []
+    return bool(tensors) and all(torch.is_tensor(t) and t.is_pinned() for t in tensors)
 
 
 class _Failure:
@@ -63,14 +83,21 @@ class _PinnedRing:
 class DevicePrefetcher:
     """Iterate `batches` (dicts of tensors, or tensors) on `device`, `depth` batches ahead.
 
-    A yielded CPU batch is the upstream's own object; a CUDA batch is valid until the consumer has
-    taken `depth` more batches only if it kept references (they are fresh device tensors).
+    A yielded CPU batch is the upstream's own object (for a `StreamingDataLoader` with workers: a view
+    of its slot ring, valid while fewer than `lifetime - depth - 1` further batches have been taken).
+    CUDA batches are device tensors owned by the consumer. When the upstream is a loader whose slot
+    ring is pinned (`pin_memory=True`), the copy goes straight from the ring to the device, with no
+    staging copy; the producer then waits for a copy to finish before its slot can come round again.
     """
 
     def __init__(self, batches: Iterable[Any], device: str | torch.device = "cpu", depth: int = 2):
         if depth < 1:
             raise ValueError("depth must be at least 1")
         self.upstream = batches
+        lifetime = getattr(batches, "lifetime", None)
+        if lifetime is not None and getattr(batches, "num_workers", 0) and lifetime < depth + 2:
+            raise ConfigError(f"the loader's batches live for {lifetime} batches; a prefetcher of depth {depth} "
+                              f"needs at least {depth + 2}: raise StreamingDataLoader(lifetime=...)")
         self.device = torch.device(device)
         self.depth = depth
         self.stats = PrefetchStats()
@@ -78,16 +105,32 @@ class DevicePrefetcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._last_event: _TimedEvent | None = None
 
     # --- producer thread ------------------------------------------------------------------------
     def _produce(self, it: Iterator[Any]) -> None:
         stream = torch.cuda.Stream(device=self.device) if self._cuda else None
         ring = _PinnedRing(self.depth + 1, self.stats) if self._cuda else None
+        lifetime = getattr(self.upstream, "lifetime", None)
+        in_flight: deque = deque()  # events of direct copies whose source slot the loader may reuse
         try:
-            for batch in it:
+            while True:
+                t0 = time.perf_counter()
+                batch = next(it, _DONE)
+                self.stats.upstream_s += time.perf_counter() - t0
+                if batch is _DONE:
+                    break
                 if self._stop.is_set():
                     return
-                item = self._to_device(batch, stream, ring) if self._cuda else (batch, None)
+                if not self._cuda:
+                    item = (batch, None)
+                elif lifetime and _all_pinned(batch):
+                    item = self._copy_direct(batch, stream)
+                    in_flight.append(item[1])
+                    if len(in_flight) >= lifetime - 1:  # the slot of that batch comes round next
+                        in_flight.popleft().synchronize()
+                else:
+                    item = self._to_device(batch, stream, ring)
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)
@@ -106,19 +149,35 @@ class DevicePrefetcher:
             except queue.Full:
                 continue
 
+    def _copy_direct(self, batch: dict[str, torch.Tensor], stream: Any) -> tuple[Any, Any]:
+        out = dict(batch)
+        with torch.cuda.stream(stream):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for k, v in batch.items():
+                if torch.is_tensor(v):
+                    out[k] = v.to(self.device, non_blocking=True)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(stream)
+        self.stats.direct_copies += 1
+        out_event = _TimedEvent(start, event)
+        return out, out_event
+
     def _to_device(self, batch: Any, stream: Any, ring: _PinnedRing) -> tuple[Any, Any]:
         single = torch.is_tensor(batch)
         b = {"_": batch} if single else batch
         i, slot = ring.take(b)
         out = dict(b)
         with torch.cuda.stream(stream):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(stream)
             for k, host in slot.items():
                 host.copy_(b[k])
                 out[k] = host.to(self.device, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=True)
             event.record(stream)
         ring.events[i] = event
-        return (out["_"] if single else out), event
+        return (out["_"] if single else out), _TimedEvent(start, event)
 
     # --- consumer -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -140,7 +199,10 @@ class DevicePrefetcher:
                 batch, event = item
                 if event is not None:
                     current = torch.cuda.current_stream(self.device)
-                    current.wait_event(event)
+                    current.wait_event(event.end)
+                    if self._last_event is not None and self._last_event.end.query():
+                        self.stats.copy_s += self._last_event.start.elapsed_time(self._last_event.end) / 1e3
+                    self._last_event = event
                     for t in (batch.values() if isinstance(batch, dict) else [batch]):
                         if torch.is_tensor(t) and t.is_cuda:
                             t.record_stream(current)
