@@ -130,3 +130,29 @@ def test_loader_state_rejects_other_data(counting_ds):
     other = StreamingDataLoader(StreamingDataset(counting_ds, seq_len=SEQ * 2), batch_size=2)
     with pytest.raises(ConfigError, match="seq_len"):
         other.load_state_dict(state)
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true but no accelerator")
+def test_plain_torch_dataloader_with_workers_and_pin_memory(counting_ds):
+    from torch.utils.data import DataLoader
+
+    ds = StreamingDataset(counting_ds, seq_len=SEQ, seed=2)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True)
+    got = windows(loader)
+    assert len(got) == len(set(got)) and len(got) >= ds.num_samples - 2 * 4
+
+
+def test_no_hang_at_exit_with_live_workers(counting_ds, tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "from dataflow import StreamingDataset, StreamingDataLoader\n"
+        f"loader = StreamingDataLoader(StreamingDataset({counting_ds!r}, seq_len=16), batch_size=4, num_workers=2)\n"
+        "it = iter(loader)\n"
+        "next(it)\n"
+        "print('took one batch, exiting without close()')\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "exiting" in p.stdout
