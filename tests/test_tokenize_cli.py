@@ -133,3 +133,33 @@ def test_inspect_shows_summary_and_documents(tmp_path, kjv):
     assert "1,189 documents" in p.stdout and "shard-00000.arrow" in p.stdout and "Genesis 1" in p.stdout
     info = json.loads(run("inspect", out, "--json").stdout)
     assert info["totals"]["tokens"] == sum(s["tokens"] for s in info["shards"])
+
+
+def test_remote_inputs_over_http_and_fsspec_memory(tmp_path, kjv):
+    import functools
+    import http.server
+    import threading
+
+    import fsspec
+
+    from dataflow.preprocess.run import TokenizeConfig, tokenize
+
+    want = kjv_docs(kjv)
+    plain = b"".join(json.dumps(d).encode() + b"\n" for d in want)
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "kjv.jsonl").write_bytes(plain)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "srv"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:  # a server without range requests: the file is streamed as one unit
+        url = f"http://127.0.0.1:{server.server_address[1]}/kjv.jsonl"
+        run("tokenize", url, "-o", tmp_path / "http", "--unit-size", "1MB", "--workers", "2", "--no-progress")
+    finally:
+        server.shutdown()
+    with fsspec.open("memory://corpus/part-a.jsonl", "wb") as f:  # seekable: cut into byte ranges
+        f.write(plain)
+    tokenize(TokenizeConfig(inputs=["memory://corpus/*.jsonl"], out=str(tmp_path / "mem"), unit_bytes=1 << 20,
+                            workers=1, progress=False))
+    for out in ("http", "mem"):
+        back = [json.loads(line) for line in run("decode", tmp_path / out).stdout.splitlines()]
+        assert [d["text"] for d in back] == [d["text"] for d in want]

@@ -29,6 +29,18 @@ class Unit:
         return asdict(self)
 
 
+def _supports_ranges(fs, path: str) -> bool:
+    """Local and object stores seek; a plain HTTP server may not answer range requests."""
+    if "http" not in fs.protocol:
+        return True
+    try:
+        with fs.open(path, "rb", block_size=2) as f:
+            f.seek(1)
+            return len(f.read(1)) == 1
+    except (ValueError, OSError):
+        return False
+
+
 def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES) -> list[Unit]:
     units: list[Unit] = []
     for file in files:
@@ -36,7 +48,7 @@ def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES) -> list[U
         fs, path = fsspec.core.url_to_fs(file)
         size = int(fs.size(path) or 0)
         _, codec = split_compression(file)
-        if kind == "jsonl" and codec is None and size > unit_bytes:
+        if kind == "jsonl" and codec is None and size > unit_bytes and _supports_ranges(fs, path):
             for start in range(0, size, unit_bytes):
                 end = min(start + unit_bytes, size)
                 units.append(Unit(len(units), file, kind, start, end, end - start))

@@ -64,29 +64,35 @@ def expand_inputs(inputs: list[str]) -> list[str]:
     """Paths, globs, directories and URLs -> a sorted, de-duplicated list of input files."""
     files: list[str] = []
     for item in inputs:
-        fs, _, paths = fsspec.get_fs_token_paths(item)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        found: list[str] = []
-        if glob.has_magic(item):
-            found = sorted(fs.glob(paths[0]) if len(paths) == 1 else paths)
-        else:
-            for p in paths:
-                if fs.isdir(p):
-                    found += sorted(f for f in fs.find(p) if _is_input(f))
-                elif fs.exists(p):
-                    found.append(p)
-                else:
-                    raise InputError(f"{item}: no such file or directory")
-        if not found:
-            raise InputError(f"{item}: matched no input files")
-        for f in found:
-            files.append(f if protocol in ("file", "local") else f"{protocol}://{f}")
+        try:
+            files += _expand_one(item)
+        except (OSError, ValueError) as e:
+            raise InputError(f"{item}: cannot list or open ({type(e).__name__}: {e})") from None
     seen, out = set(), []
     for f in files:
         if f not in seen:
             seen.add(f)
             out.append(f)
     return out
+
+
+def _expand_one(item: str) -> list[str]:
+    fs, _, paths = fsspec.get_fs_token_paths(item)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    found: list[str] = []
+    if glob.has_magic(item):
+        found = sorted(fs.glob(paths[0]) if len(paths) == 1 else paths)
+    else:
+        for p in paths:
+            if fs.isdir(p):
+                found += sorted(f for f in fs.find(p) if _is_input(f))
+            elif fs.exists(p):
+                found.append(p)
+            else:
+                raise InputError(f"{item}: no such file or directory")
+    if not found:
+        raise InputError(f"{item}: matched no input files")
+    return [f if protocol in ("file", "local") else fs.unstrip_protocol(f) for f in found]
 
 
 def _is_input(path: str) -> bool:
@@ -117,10 +123,14 @@ def read_unit(unit: "Unit", text_field: str = "text", id_field: str = "id") -> I
 
 
 @contextlib.contextmanager
-def _open(url: str) -> Iterator[IO[bytes]]:
-    """A buffered, line-iterable binary stream of the file's decompressed bytes."""
+def _open(url: str, seek: bool = False) -> Iterator[IO[bytes]]:
+    """A buffered, line-iterable binary stream of the file's decompressed bytes.
+
+    HTTP files are streamed (block_size=0) unless the caller must seek, which needs range requests.
+    """
     _, codec = split_compression(url)
-    with fsspec.open(url, "rb") as raw:
+    streaming = url.startswith(("http://", "https://")) and not seek
+    with fsspec.open(url, "rb", **({"block_size": 0} if streaming else {})) as raw:
         if codec == "zstd":
             reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
             with io.BufferedReader(reader, buffer_size=1 << 20) as f:
@@ -134,19 +144,34 @@ def _open(url: str) -> Iterator[IO[bytes]]:
 
 def _read_jsonl(url: str, text_field: str, id_field: str, start: int, end: int | None) -> Iterator[Record]:
     """Lines whose first byte lies in [start, end)."""
-    with _open(url) as f:
+    with _open(url, seek=start > 0) as f:
         pos = 0
         if start > 0:
             f.seek(start - 1)
-            pos = start - 1 + len(f.readline())  # skip the line that began in the previous unit
+            pos = start - 1
+        lines = _lines(f)
+        if start > 0:
+            pos += len(next(lines, b""))  # skip the line that began in the previous unit
         index = 0
-        while end is None or pos < end:
-            raw = f.readline()
-            if not raw:
+        for raw in lines:
+            if end is not None and pos >= end:
                 break
             pos += len(raw)
             yield _parse_json_line(raw, index, text_field, id_field)
             index += 1
+
+
+def _lines(f: IO[bytes], chunk: int = 1 << 20) -> Iterator[bytes]:
+    """Lines (with their newline) from a binary stream read in large chunks: works on streams that
+    cannot seek back, as fsspec's readline needs to."""
+    rest = b""
+    while block := f.read(chunk):
+        parts = (rest + block).split(b"\n")
+        rest = parts.pop()
+        for line in parts:
+            yield line + b"\n"
+    if rest:
+        yield rest
 
 
 def _parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> Record:
