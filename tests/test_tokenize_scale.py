@@ -85,6 +85,9 @@ def test_kill_9_and_resume_gives_identical_bytes(corpus, tmp_path):
         if proc.poll() is not None and proc.returncode == 0:
             break
     assert kills >= 3
+    time.sleep(0.5)
+    orphans = subprocess.run(["pgrep", "-f", f"tokenize {corpus} -o {out}"], capture_output=True, text=True).stdout
+    assert not orphans.split(), "worker processes outlived the killed run"
     p = tokenize(corpus, out, "--workers", "1", "--val-fraction", "0.05", "--json")
     assert dataset_bytes(out) == dataset_bytes(reference)
     assert not (out / "_work").exists()

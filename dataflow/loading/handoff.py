@@ -22,6 +22,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from dataflow.errors import DataflowError
+from dataflow.lifetime import die_with_parent
 
 PAGE = 4096
 POLL_S = 0.1
@@ -94,6 +95,7 @@ def _round_up(n: int, to: int) -> int:
 def _worker_main(dataset: Any, ring: SlotRing, worker: int, num_workers: int, slots: list[int],
                  ctrl: mpc.Connection, results: mpc.Connection) -> None:
     """A loader worker: waits for jobs, collates its batches into its own free slots."""
+    die_with_parent()
     torch.set_num_threads(1)
     try:
         while True:

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Iterator
 import pyarrow as pa
 
 from dataflow.errors import ConfigError
+from dataflow.lifetime import die_with_parent
 from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.worker import (UnitSpec, UnitStats, tokenize_unit_in_memory, tokenize_unit_to_file,
                                         worker_tokenizer)
@@ -38,6 +39,7 @@ def _file_output(stats: UnitStats, path: str) -> UnitOutput:
 
 
 def _warm(spec: UnitSpec) -> None:
+    die_with_parent()
     worker_tokenizer(spec)
 
 
