@@ -136,11 +136,11 @@ def manifest_url(dataset: str) -> str:
     return os.path.join(dataset, MANIFEST_NAME)
 
 
-def read_manifest(dataset: str) -> Manifest:
+def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -> Manifest:
     """Read and validate the manifest of a dataset folder or URL."""
     url = manifest_url(dataset)
     try:
-        with fsspec.open(url, "rb") as f:
+        with fsspec.open(url, "rb", **(storage_options or {})) as f:
             raw = f.read()
     except FileNotFoundError:
         raise FormatError(f"{url}: no manifest here; is this a dataset written by `dataflow tokenize`?") from None

@@ -22,7 +22,7 @@ from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_m
 from dataflow.loading.shards import OpenShard
 from dataflow.loading.mixing import Blend
 from dataflow.loading.shuffle import EpochOrder
-from dataflow.loading.storage import Storage
+from dataflow.loading.storage import Storage, prefetch_shards
 
 STATE_VERSION = 1
 
@@ -52,12 +52,15 @@ class StreamingDataset(IterableDataset):
             decompressed shards. Larger is more random.
         rank, world_size: override torch.distributed's.
         position_ids: also yield `position_ids` that restart at each document (for document masking).
-        cache_dir: where remote shards are cached.
+        cache_dir: where remote shards are cached (default `$DATAFLOW_CACHE`, shared by all processes).
+        cache_limit: bytes or "50GB": least recently used shards not in use are evicted beyond it.
+        storage_options: fsspec options for remote datasets (e.g. S3 `endpoint_url`, credentials).
     """
 
     def __init__(self, source: str | list[str] | dict[str, float], *, seq_len: int | None = None,
                  shuffle: bool = True, seed: int = 0, shuffle_window: int = 8, rank: int | None = None,
-                 world_size: int | None = None, position_ids: bool = False, cache_dir: str | None = None):
+                 world_size: int | None = None, position_ids: bool = False, cache_dir: str | None = None,
+                 cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None):
         super().__init__()
         weights = None
         if isinstance(source, dict):
@@ -69,7 +72,7 @@ class StreamingDataset(IterableDataset):
         if seq_len is not None and seq_len < 1:
             raise ConfigError(f"seq_len must be positive, got {seq_len}")
         self.paths = [str(p) for p in paths]
-        self.manifests: list[Manifest] = [read_manifest(p) for p in self.paths]
+        self.manifests: list[Manifest] = [read_manifest(p, storage_options) for p in self.paths]
         self.tokenizer: TokenizerMeta = self.manifests[0].tokenizer
         for p, m in zip(self.paths[1:], self.manifests[1:]):
             if (m.tokenizer.kind, m.tokenizer.vocab_size, m.tokenizer.sha256) != \
@@ -79,7 +82,8 @@ class StreamingDataset(IterableDataset):
         self.shuffle, self.seed, self.shuffle_window = shuffle, seed, shuffle_window
         self.rank_arg, self.world_arg = rank, world_size
         self.position_ids = position_ids
-        self.storages = [Storage(p, cache_dir) for p in self.paths]
+        self.storages = [Storage(p, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
+                         for p in self.paths]
         self.shards: list[tuple[int, ShardInfo]] = [(i, s) for i, m in enumerate(self.manifests) for s in m.shards]
         tokens = np.array([s.tokens for _, s in self.shards], dtype=np.int64)
         if seq_len:
@@ -105,6 +109,7 @@ class StreamingDataset(IterableDataset):
         self._orders: dict[tuple[int, int], EpochOrder] = {}
         self._open: dict[int, OpenShard] = {}
         self._current_blocks: dict[int, tuple[int, int]] = {}  # stream -> (its epoch, block) last read
+        self._blocks_key: tuple = ()
 
     # --- sizes ----------------------------------------------------------------------------------
     @property
@@ -207,11 +212,19 @@ class StreamingDataset(IterableDataset):
 
     def _evict_read_blocks(self) -> None:
         """Drop open shards outside each stream's current shuffle block: they are done for this epoch."""
+        key = tuple(sorted(self._current_blocks.items()))
+        if key == self._blocks_key:
+            return
+        self._blocks_key = key
         keep = set()
         for stream, (epoch, block) in self._current_blocks.items():
             keep.update(self.streams[stream][self.order(stream, epoch).block_shards(block)].tolist())
         for k in [k for k in self._open if k not in keep]:
             del self._open[k]
+            self.storages[self.shards[k][0]].release(self.shards[k][1])
+        ahead = [self.shards[k] for stream, (epoch, block) in self._current_blocks.items()
+                 for k in self.streams[stream][self.order(stream, epoch).block_shards(block + 1)].tolist()]
+        prefetch_shards(self.storages, ahead)  # download the next block while this one is read
 
     def batch_layout(self, batch_size: int) -> dict[str, tuple[tuple[int, ...], Any]]:
         """Shapes and dtypes of a packed batch (what a slot of the hand-off ring holds)."""
@@ -255,7 +268,7 @@ class StreamingDataset(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_open"], state["_orders"] = {}, {}  # open shards and caches stay with their process
+        state["_open"], state["_orders"], state["_blocks_key"] = {}, {}, ()  # these stay with their process
         return state
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

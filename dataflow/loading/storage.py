@@ -1,28 +1,52 @@
-"""Where shard bytes come from: the dataset folder itself when local, else a local cache.
+"""Where shard bytes come from: the dataset folder itself when local, else a shared local cache.
 
-Remote shards (any fsspec URL) are downloaded once into `cache_dir`, checked against the manifest's
-sha256 and renamed into place, so no reader ever sees a partial file. Processes on one machine share
-the cache safely: a per-shard lock file means one download per shard, the others wait and reuse it.
+Remote shards (any fsspec URL: `s3://`, `gs://`, `http(s)://`, ...) are downloaded once per machine into
+`cache_dir` (see `cache.py` for the locking and LRU eviction that let processes share it), retried with
+backoff on transient errors, checked against the manifest's sha256 and renamed into place, so no
+reader ever sees a partial or wrong file. `prefetch` downloads ahead in background threads.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import posixpath
+import random
 import tempfile
+import threading
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import fsspec
 
 from dataflow.errors import DataflowError, FormatError
 from dataflow.formats.manifest import ShardInfo
+from dataflow.formats.writer import parse_size
+from dataflow.loading import cache
+from dataflow.loading.cache import lock, unlock
 
-RETRIES = 5
+log = logging.getLogger(__name__)
+
+RETRIES = 5  # attempts per download
+BACKOFF_S = 0.2  # first retry delay; doubles each attempt (with jitter), capped at 10 s
+PREFETCH_WORKERS = 4  # concurrent background downloads per process
+_LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
+
+
+class StorageError(DataflowError):
+    """A remote shard could not be fetched: the server refused or kept failing."""
+
+
+class _Corrupt(Exception):
+    """Downloaded bytes differ from the manifest: retried, as it is often a damaged transfer."""
 
 
 def is_remote(root: str) -> bool:
+    """True for URLs other than `file://` (those are read in place)."""
     return "://" in root and not root.startswith("file://")
 
 
@@ -31,58 +55,295 @@ def default_cache_dir() -> str:
 
 
 class Storage:
-    """Resolves a manifest's shard to a local file path, downloading into the cache if needed."""
+    """Resolves a manifest's shard to a complete local file, through the shared cache when remote.
 
-    def __init__(self, root: str, cache_dir: str | None = None):
+    Args:
+        root: the dataset folder or URL.
+        cache_dir: the cache shared by all processes on this machine (default `$DATAFLOW_CACHE`).
+        cache_limit: bytes or a size like "10GB" (default `$DATAFLOW_CACHE_LIMIT`, else unlimited).
+        storage_options: passed to fsspec (e.g. `{"client_kwargs": {"endpoint_url": ...}}` for S3).
+        prefetch_workers: background downloads at once for `prefetch()`.
+        retries: attempts per download on transient errors (5xx, resets, timeouts, bad checksums).
+    """
+
+    def __init__(self, root: str, cache_dir: str | None = None, *, cache_limit: int | str | None = None,
+                 storage_options: dict[str, Any] | None = None, prefetch_workers: int = PREFETCH_WORKERS,
+                 retries: int = RETRIES):
         self.root = root[len("file://"):] if root.startswith("file://") else root
         self.remote = is_remote(self.root)
+        if self.root.endswith(".json"):  # the manifest itself was named: shards are beside it
+            self.root = posixpath.dirname(self.root) if self.remote else os.path.dirname(self.root)
+        self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
+        limit = cache_limit if cache_limit is not None else os.environ.get("DATAFLOW_CACHE_LIMIT")
+        self.cache_limit = parse_size(limit) if limit is not None else None
+        self.storage_options = dict(storage_options or {})
+        self.prefetch_workers, self.retries = max(1, prefetch_workers), max(1, retries)
         self.cache_root = None
         if self.remote:
             tag = hashlib.sha256(self.root.rstrip("/").encode()).hexdigest()[:16]
-            self.cache_root = os.path.join(cache_dir or default_cache_dir(), tag)
-        self.downloads = 0  # shards this process fetched (tests count them)
+            self.cache_root = os.path.join(self.cache_dir, tag)
+        self._reset()
+
+    def _reset(self) -> None:
+        """Per-process state: a fresh start after fork or unpickling (threads and locks do not carry)."""
+        self.downloads = 0  # shards this process downloaded
+        self._mu = threading.Lock()
+        self._held: dict[str, list[int]] = {}  # entry -> [fd holding LOCK_SH on .inuse, refcount, bytes]
+        self._pending: set[str] = set()  # entries queued or running in the prefetch pool
+        self._pool: ThreadPoolExecutor | None = None
+        self._fs: Any = None
+        self._fs_pid = -1
+        _LIVE.add(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("root", "remote", "cache_dir", "cache_limit", "storage_options", "prefetch_workers",
+                "retries", "cache_root")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def __enter__(self) -> "Storage":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- public -----------------------------------------------------------------------------------
+    def url(self, shard: ShardInfo) -> str:
+        return posixpath.join(self.root.rstrip("/"), shard.path) if self.remote else \
+            os.path.join(self.root, shard.path)
 
     def local_path(self, shard: ShardInfo) -> str:
+        """Blocking: a complete, verified local file of the shard. Remote shards stay in use (never
+        evicted) until a matching `release(shard)`; local ones are returned in place."""
         if not self.remote:
             return os.path.join(self.root, shard.path)
-        path = os.path.join(self.cache_root, shard.path)
-        if _complete(path, shard):
+        path = self._entry(shard)
+        if self._hold_again(path):
+            cache.touch(path)
             return path
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one download per shard across processes
-            if not _complete(path, shard):
-                self._download(shard, path)
+        fd = lock(path + ".inuse", fcntl.LOCK_SH)  # taken before the check: no eviction after it
+        try:
+            if not cache.complete(path, shard.bytes):
+                self._fetch(shard, path, wait=True)
+            cache.touch(path)
+        except BaseException:
+            unlock(fd)
+            raise
+        with self._mu:
+            held = self._held.setdefault(path, [fd, 0, shard.bytes])
+            held[1] += 1
+        if held[0] != fd:  # another thread of this process got it meanwhile; its lock suffices
+            unlock(fd)
         return path
 
-    def _download(self, shard: ShardInfo, path: str) -> None:
-        url = posixpath.join(self.root.rstrip("/"), shard.path)
-        for attempt in range(RETRIES):
-            tmp = f"{path}.{os.getpid()}.part"
+    def release(self, shard: ShardInfo) -> None:
+        """The reader is done with the shard: once every `local_path` is released, it may be evicted."""
+        if not self.remote:
+            return
+        path = self._entry(shard)
+        with self._mu:
+            held = self._held.get(path)
+            if held is None:
+                return
+            held[1] -= 1
+            if held[1] > 0:
+                return
+            del self._held[path]
+        unlock(held[0])
+
+    def prefetch(self, shards: list[ShardInfo]) -> None:
+        """Start downloading these shards in background threads and return at once.
+
+        Cached or already queued shards are skipped; with a cache_limit, shards are taken in order only
+        while they fit beside the shards in use, so download-ahead never evicts what is about to be read.
+        Failures are logged, not raised: `local_path` retries and reports them.
+        """
+        if not self.remote:
+            return
+        with self._mu:
+            budget = None if self.cache_limit is None else \
+                self.cache_limit - sum(h[2] for h in self._held.values())
+        for shard in shards:
+            path = self._entry(shard)
+            with self._mu:
+                if path in self._held:
+                    continue
+                if budget is not None:
+                    budget -= shard.bytes
+                    if budget < 0:
+                        return
+                if path in self._pending or cache.complete(path, shard.bytes):
+                    continue
+                self._pending.add(path)
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="dataflow-prefetch")
+                self._pool.submit(self._prefetch_one, shard, path)
+
+    def close(self) -> None:
+        """Stop background downloads (waiting for those running) and release every shard held."""
+        with self._mu:
+            pool, self._pool = self._pool, None
+            held, self._held = list(self._held.values()), {}
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        with self._mu:
+            self._pending.clear()  # cancelled ones never ran
+        for fd, _, _ in held:
+            unlock(fd)
+
+    # --- internals --------------------------------------------------------------------------------
+    def _entry(self, shard: ShardInfo) -> str:
+        folder, name = posixpath.split(shard.path)
+        return os.path.join(self.cache_root, *[p for p in folder.split("/") if p],
+                            f"{shard.sha256[:16].lower()}-{name}")
+
+    def _hold_again(self, path: str) -> bool:
+        with self._mu:
+            held = self._held.get(path)
+            if held is not None:
+                held[1] += 1
+            return held is not None
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._fs is None or self._fs_pid != os.getpid():
             try:
-                h = hashlib.sha256()
-                with fsspec.open(url, "rb") as src, open(tmp, "wb") as dst:
-                    while chunk := src.read(1 << 22):
-                        h.update(chunk)
-                        dst.write(chunk)
-                if h.hexdigest() != shard.sha256:
-                    raise FormatError(f"{url}: downloaded bytes do not match the manifest's sha256")
+                self._fs, self._rroot = fsspec.core.url_to_fs(self.root, **self.storage_options)
+            except (ImportError, ValueError, TypeError) as e:
+                raise StorageError(f"{self.root}: cannot open this URL ({e}); install the fsspec backend for "
+                                   "its scheme (s3fs, gcsfs, ...) or fix storage_options") from e
+            self._fs_pid = os.getpid()
+        return self._fs, self._rroot
+
+    def _prefetch_one(self, shard: ShardInfo, path: str) -> None:
+        try:
+            fd = lock(path + ".inuse", fcntl.LOCK_SH)  # not evictable while it downloads
+            try:
+                if not cache.complete(path, shard.bytes):
+                    self._fetch(shard, path, wait=False)
+                if cache.complete(path, shard.bytes):
+                    cache.touch(path)
+            finally:
+                unlock(fd)
+        except Exception as e:
+            log.warning("download-ahead of %s failed (%s); it is retried when read", self.url(shard), e)
+        finally:
+            with self._mu:
+                self._pending.discard(path)
+
+    def _fetch(self, shard: ShardInfo, path: str, wait: bool) -> None:
+        """Download under the shard's `.dl` lock unless another holder completed it; `wait=False`
+        leaves a shard that another process or thread is downloading to that one."""
+        fd = lock(path + ".dl", fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is None:
+            return
+        try:
+            if cache.complete(path, shard.bytes):
+                return
+            cache.remove_partials(path)  # left by a downloader that died: we hold `.dl` now
+            self._make_room(shard.bytes)
+            self._download(shard, path)
+        finally:
+            unlock(fd)
+
+    def _download(self, shard: ShardInfo, path: str) -> None:
+        url = self.url(shard)
+        fs, rroot = self._filesystem()
+        rpath = posixpath.join(rroot.rstrip("/"), shard.path)
+        tmp = cache.part_path(path, shard.bytes)
+        for attempt in range(1, self.retries + 1):
+            try:
+                fs.get_file(rpath, tmp)
+                size, digest = _sha256_and_sync(tmp)
+                if (size, digest) != (shard.bytes, shard.sha256):
+                    raise _Corrupt(f"got {size} bytes with sha256 {digest[:12]}..., the manifest says "
+                                   f"{shard.bytes} bytes with sha256 {shard.sha256[:12]}...")
                 os.replace(tmp, path)
-                self.downloads += 1
+                with self._mu:
+                    self.downloads += 1
                 return
             except FileNotFoundError:
-                raise DataflowError(f"{url}: shard listed in the manifest is missing") from None
-            except (OSError, FormatError) as e:
-                if attempt == RETRIES - 1:
-                    raise DataflowError(f"{url}: download failed after {RETRIES} attempts ({e})") from None
-                time.sleep(min(0.2 * 2 ** attempt, 5.0))
+                raise FormatError(f"{url}: shard listed in the manifest is not there (not found); "
+                                  "re-upload it or check the dataset URL") from None
+            except Exception as e:
+                if not _transient(e):
+                    raise StorageError(f"{url}: download refused ({_describe(e)}); check the URL, "
+                                       "credentials and storage_options") from e
+                if attempt == self.retries:
+                    if isinstance(e, _Corrupt):
+                        raise FormatError(f"{url}: downloaded bytes do not match the manifest after "
+                                          f"{attempt} attempts ({e}); the remote shard is damaged or was "
+                                          f"rewritten: run `dataflow verify {self.root}`") from None
+                    raise StorageError(f"{url}: download failed after {attempt} attempts "
+                                       f"({_describe(e)}); check the network and the server, then retry") from e
+                delay = min(BACKOFF_S * 2 ** (attempt - 1), 10.0) * random.uniform(0.5, 1.0)
+                log.warning("%s: attempt %d failed (%s); retrying in %.1fs", url, attempt, _describe(e), delay)
+                time.sleep(delay)
             finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+                cache.remove(tmp)
+
+    def _make_room(self, incoming: int) -> None:
+        if self.cache_limit is not None:
+            cache.evict(self.cache_dir, self.cache_limit, incoming)
 
 
-def _complete(path: str, shard: ShardInfo) -> bool:
-    try:
-        return os.path.getsize(path) == shard.bytes
-    except OSError:
+def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]]) -> None:
+    """Download ahead `(source index, shard)` pairs, as `StreamingDataset.shards` lists them."""
+    by_source: dict[int, list[ShardInfo]] = {}
+    for src, info in shards:
+        by_source.setdefault(src, []).append(info)
+    for src, infos in by_source.items():
+        storages[src].prefetch(infos)
+
+
+def _reset_after_fork() -> None:
+    """A forked child (a DataLoader worker) starts afresh: its parent's threads do not exist in it and
+    `cache` has already closed the inherited lock fds."""
+    for storage in list(_LIVE):
+        storage._reset()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _sha256_and_sync(path: str) -> tuple[int, str]:
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            size += len(chunk)
+        os.fsync(f.fileno())
+    return size, h.hexdigest()
+
+
+def _transient(e: BaseException) -> bool:
+    """Worth retrying: 5xx/408/429, connection resets, timeouts, damaged transfers; not 4xx."""
+    if isinstance(e, _Corrupt):
+        return True
+    if isinstance(e, (PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
+    status = _status(e)
+    if status is not None:
+        return status >= 500 or status in (408, 429)
+    return isinstance(e, (OSError, TimeoutError, EOFError)) or _from_aiohttp(e)
+
+
+def _from_aiohttp(e: BaseException) -> bool:
+    return any(c.__module__.split(".")[0] == "aiohttp" for c in type(e).__mro__)
+
+
+def _status(e: BaseException) -> int | None:
+    """The HTTP status of a server's answer (aiohttp's ClientResponseError, gcsfs's HttpError), else None;
+    aiohttp's errors about a broken transfer also carry a code, which is not the server's."""
+    if _from_aiohttp(e):
+        status = getattr(e, "status", None) if hasattr(e, "request_info") else None
+    else:
+        status = getattr(e, "status", None) or getattr(e, "code", None)
+    return status if isinstance(status, int) and 100 <= status < 600 else None
+
+
+def _describe(e: BaseException) -> str:
+    status, text = _status(e), str(e) or type(e).__name__
+    return f"HTTP {status}: {text}" if status is not None and str(status) not in text else text

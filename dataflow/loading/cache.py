@@ -1,0 +1,170 @@
+"""The on-disk shard cache shared by the processes of one machine: lock files, LRU, eviction.
+
+Layout: `<cache_dir>/<16 hex: the dataset URL>/<folders of the shard path>/<sha256[:16]>-<name>` is a
+complete, verified shard (an *entry*); beside it, `<entry>.part-<pid>-<thread>-<bytes>` is a download in
+progress, and `<entry>.inuse` / `<entry>.dl` are lock files (empty; never deleted, as deleting a lock
+file races with processes about to lock it).
+
+Protocol (flock, so it holds between threads of a process as between processes):
+- `.dl`, exclusive: the one download of an entry; the others wait for it, then find the entry there.
+- `.inuse`, shared while a reader uses the entry (taken before checking the entry exists). The evictor
+  deletes an entry only with an exclusive `.inuse` lock taken without waiting: never one in use.
+- LRU: an entry's mtime is its last access (`touch`). `evict` deletes least recently used entries until
+  the incoming bytes fit; what is in use stays, so the cache exceeds the limit by at most that.
+
+Forked children (DataLoader workers) inherit copies of their parent's lock fds, and an inherited copy
+keeps a lock held for as long as the child lives: every lock fd is tracked and closed in the child.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import os
+import re
+import threading
+import time
+
+_TAG = re.compile(r"[0-9a-f]{16}")
+_ENTRY = re.compile(r"[0-9a-f]{16}-.+")
+_PART = ".part-"
+_LOCK_SUFFIXES = (".inuse", ".dl")
+
+_fds: set[int] = set()  # every lock fd this process holds open
+_fds_mu = threading.Lock()
+
+
+def lock(path: str, op: int) -> int | None:
+    """An fd of lock file `path` (created if needed) holding flock `op`; None when LOCK_NB finds it taken."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with _fds_mu:  # so that a fork never sees an fd opened but not yet tracked
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        _fds.add(fd)
+    try:
+        fcntl.flock(fd, op)
+    except BlockingIOError:
+        unlock(fd)
+        return None
+    except BaseException:
+        unlock(fd)
+        raise
+    return fd
+
+
+def unlock(fd: int) -> None:
+    """Close a lock fd from `lock` (which releases its flock)."""
+    with _fds_mu:
+        _fds.discard(fd)
+        os.close(fd)
+
+
+def _close_inherited() -> None:
+    """In a forked child: close the parent's lock fds without unlocking (that would unlock the parent's)."""
+    for fd in _fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _fds.clear()
+    _fds_mu.release()
+
+
+os.register_at_fork(before=_fds_mu.acquire, after_in_parent=_fds_mu.release, after_in_child=_close_inherited)
+
+
+def part_path(entry: str, size: int) -> str:
+    """Where this thread downloads `entry` (of `size` bytes) before renaming it into place; the size in
+    the name lets `evict` count a download in flight at its full size."""
+    return f"{entry}{_PART}{os.getpid()}-{threading.get_ident()}-{size}"
+
+
+def remove_partials(entry: str) -> None:
+    """Delete `entry`'s partial downloads; only for the holder of its `.dl` lock (no one else writes them)."""
+    for path in glob.glob(glob.escape(entry) + _PART + "*"):
+        remove(path)
+
+
+def complete(entry: str, size: int) -> bool:
+    """Entries appear only by rename after the checksum, so the expected size means complete."""
+    try:
+        return os.path.getsize(entry) == size
+    except OSError:
+        return False
+
+
+def touch(entry: str) -> None:
+    """Record an access for LRU (explicit ns: the kernel's `now` for utime is too coarse)."""
+    now = time.time_ns()
+    try:
+        os.utime(entry, ns=(now, now))
+    except OSError:
+        pass
+
+
+def remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def evict(cache_dir: str, limit: int, incoming: int) -> None:
+    """Delete least recently used entries not in use (and abandoned partial downloads) until
+    `incoming` more bytes fit under `limit`, or nothing more can go."""
+    guard = lock(os.path.join(cache_dir, ".evict.lock"), fcntl.LOCK_EX)  # one evictor at a time
+    try:
+        entries, partials, total = _scan(cache_dir)
+        total += incoming
+        for size, path in partials:
+            if total > limit and _delete_if_free(path.split(_PART)[0] + ".dl", path):
+                total -= size  # its downloader died (else it would hold `.dl`)
+        for _, size, path in sorted(entries):
+            if total <= limit:
+                break
+            if _delete_if_free(path + ".inuse", path):
+                total -= size
+    finally:
+        unlock(guard)
+
+
+def _delete_if_free(lock_path: str, path: str) -> bool:
+    fd = lock(lock_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fd is None:
+        return False
+    try:
+        os.remove(path)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        unlock(fd)
+
+
+def _scan(cache_dir: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]], int]:
+    """Entries as (last access ns, bytes, path), partial downloads as (bytes, path), and all their bytes."""
+    entries: list[tuple[int, int, str]] = []
+    partials: list[tuple[int, str]] = []
+    total = 0
+    try:
+        tags = [d.path for d in os.scandir(cache_dir) if d.is_dir() and _TAG.fullmatch(d.name)]
+    except FileNotFoundError:
+        return entries, partials, total
+    for tag in tags:
+        for folder, _, names in os.walk(tag):
+            for name in names:
+                if name.endswith(_LOCK_SUFFIXES) or not _ENTRY.fullmatch(name):
+                    continue
+                path = os.path.join(folder, name)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                size = st.st_size
+                if _PART in name:
+                    tail = name.rsplit("-", 1)[-1]
+                    size = max(size, int(tail)) if tail.isdigit() else size
+                    partials.append((size, path))
+                else:
+                    entries.append((st.st_mtime_ns, size, path))
+                total += size
+    return entries, partials, total
