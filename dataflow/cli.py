@@ -12,6 +12,7 @@ import sys
 from typing import Sequence
 
 from dataflow.errors import ConfigError, DataflowError, FormatError
+from dataflow.profiling.cli import add_profile_parser
 
 
 def _dataset(path: str):
@@ -152,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("path")
     d.add_argument("-o", "--output", default=None)
     d.set_defaults(func=cmd_decode)
+
+    add_profile_parser(sub)
     return p
 
 

@@ -109,6 +109,7 @@ class StreamingDataset(IterableDataset):
         self._orders: dict[tuple[int, int], EpochOrder] = {}
         self._open: dict[int, OpenShard] = {}
         self._current_blocks: dict[int, tuple[int, int]] = {}  # stream -> (its epoch, block) last read
+        self._fetch_s = 0.0  # time opening (and downloading) shards in the current collate_into
         self._blocks_key: tuple = ()
 
     # --- sizes ----------------------------------------------------------------------------------
@@ -202,12 +203,14 @@ class StreamingDataset(IterableDataset):
     def _shard(self, k: int) -> OpenShard:
         shard = self._open.get(k)
         if shard is None:
+            t0 = time.perf_counter()
             src, info = self.shards[k]
             manifest = self.manifests[src]
             shard = self._open[k] = OpenShard(self.storages[src].local_path(info), manifest.format)
             if shard.token_starts[-1] != info.tokens:
                 raise FormatError(f"{shard.path}: holds {shard.token_starts[-1]} tokens, the manifest says "
                                   f"{info.tokens}; run `dataflow verify`")
+            self._fetch_s += time.perf_counter() - t0
         return shard
 
     def _evict_read_blocks(self) -> None:
@@ -235,6 +238,7 @@ class StreamingDataset(IterableDataset):
 
     def collate_into(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> dict[str, float]:
         """Write the packed windows of global sample `ids` into the rows of `out`; returns stage times."""
+        self._fetch_s = 0.0
         t0 = time.perf_counter()
         shard_ids, within = self.locate(ids)
         L = self.seq_len
@@ -252,10 +256,11 @@ class StreamingDataset(IterableDataset):
                 positions[i] = _positions(self._shard(k).doc_boundaries(j * L, L), L)
         t3 = time.perf_counter()
         self._evict_read_blocks()
-        return {"shuffle": t1 - t0, "read": t2 - t1, "collate": t3 - t2}
+        fetch = self._fetch_s
+        return {"shuffle": t1 - t0, "fetch": fetch, "read": max(t2 - t1 - fetch, 0.0), "collate": t3 - t2}
 
-    def collate(self, ids: np.ndarray) -> dict[str, Any]:
-        """A batch of the given global sample ids as a dict of stacked tensors."""
+    def collate(self, ids: np.ndarray, stats: dict[str, float] | None = None) -> dict[str, Any]:
+        """A batch of the given global sample ids as a dict of stacked tensors; adds stage times to `stats`."""
         if self.seq_len is None:
             shard_ids, within = self.locate(ids)
             docs = [self._shard(int(k)).document(int(j)) for k, j in zip(shard_ids, within)]
@@ -263,7 +268,10 @@ class StreamingDataset(IterableDataset):
             return {"tokens": [torch.from_numpy(t.astype(np.int64)) for _, t in docs], "id": [d for d, _ in docs]}
         out = {k: np.empty(shape, dtype)
                for k, (shape, dtype) in self.batch_layout(len(ids)).items()}
-        self.collate_into(ids, out)
+        times = self.collate_into(ids, out)
+        if stats is not None:
+            for k, v in times.items():
+                stats[k] = stats.get(k, 0.0) + v
         return {k: torch.from_numpy(v) for k, v in out.items()}
 
     def __getstate__(self) -> dict[str, Any]:

@@ -167,6 +167,7 @@ class WorkerPool:
             self.procs.append(p)
         self.job = 0
         self.stage_totals: dict[str, float] = {}
+        self.stage_by_worker: list[dict[str, float]] = [{} for _ in range(num_workers)]
 
     def run(self, epoch: int, consumed: int, num_batches: int, batch_size: int) -> Iterator[dict[str, Any]]:
         """Yield the job's batches in order as views of ring slots."""
@@ -180,8 +181,10 @@ class WorkerPool:
             for b in range(num_batches):
                 w = b % self.num_workers
                 slot, stats, rows = self._receive(w, job, b)
+                mine = self.stage_by_worker[w]
                 for k, v in stats.items():
                     self.stage_totals[k] = self.stage_totals.get(k, 0.0) + v
+                    mine[k] = mine.get(k, 0.0) + v
                 views = self.ring.tensor_views(slot)
                 first = next(iter(views.values()))
                 yield {k: v[:rows] for k, v in views.items()} if rows < len(first) else dict(views)

@@ -22,8 +22,10 @@ from dataflow.loading.handoff import WorkerPool
 class _BatchStream(IterableDataset):
     """Whole-document batches through torch's DataLoader (variable sizes do not fit a fixed ring)."""
 
-    def __init__(self, dataset: StreamingDataset, batch_size: int, num_batches: int, consumed: int):
+    def __init__(self, dataset: StreamingDataset, batch_size: int, num_batches: int, consumed: int,
+                 stats: dict[str, float] | None = None):
         self.dataset, self.batch_size, self.num_batches, self.consumed = dataset, batch_size, num_batches, consumed
+        self.stats = stats  # stage seconds, accumulated where the batches are built
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -31,7 +33,8 @@ class _BatchStream(IterableDataset):
         per_rank = self.dataset.samples_per_rank(self.consumed)
         for b in range(worker, self.num_batches, workers):
             stop = min((b + 1) * self.batch_size, per_rank)
-            yield self.dataset.collate(self.dataset.rank_sample_ids(b * self.batch_size, stop, self.consumed))
+            yield self.dataset.collate(self.dataset.rank_sample_ids(b * self.batch_size, stop, self.consumed),
+                                       stats=self.stats)
 
 
 class StreamingDataLoader:
@@ -63,6 +66,8 @@ class StreamingDataLoader:
         self.lifetime, self.copy = lifetime, copy
         self.batches_yielded = 0  # in the current iteration
         self._pool: WorkerPool | None = None
+        self._stages: dict[str, float] = {}  # main-process stages (num_workers=0) and closed pools'
+        self._stages_by_worker: dict[int, dict[str, float]] = {}
 
     def __len__(self) -> int:
         """Batches left in the current epoch for this rank (the same on every rank)."""
@@ -72,7 +77,7 @@ class StreamingDataLoader:
     def _batches(self, start: int, num_batches: int) -> Iterator[dict[str, Any]]:
         ds = self.dataset
         if self.num_workers == 0:
-            return iter(_BatchStream(ds, self.batch_size, num_batches, start))
+            return iter(_BatchStream(ds, self.batch_size, num_batches, start, self._stages))
         if ds.seq_len is None:
             loader = DataLoader(_BatchStream(ds, self.batch_size, num_batches, start), batch_size=None,
                                 num_workers=self.num_workers, pin_memory=self.pin_memory, timeout=self.timeout,
@@ -104,12 +109,32 @@ class StreamingDataLoader:
 
     @property
     def stage_seconds(self) -> dict[str, float]:
-        """Worker time per pipeline stage so far (read/decompress, shuffle, collate), summed over workers."""
-        return dict(self._pool.stage_totals) if self._pool else {}
+        """Time per pipeline stage since the loader was made (fetch, read/decompress, shuffle, collate),
+        summed over workers (or spent in the main process without workers); kept across epochs."""
+        out = dict(self._stages)
+        for k, v in (self._pool.stage_totals if self._pool else {}).items():
+            out[k] = out.get(k, 0.0) + v
+        return out
+
+    @property
+    def stage_seconds_by_worker(self) -> dict[int, dict[str, float]]:
+        """`stage_seconds` of each worker process (a slow or starved worker stands out)."""
+        out = {w: dict(d) for w, d in self._stages_by_worker.items()}
+        for w, d in enumerate(self._pool.stage_by_worker if self._pool else []):
+            mine = out.setdefault(w, {})
+            for k, v in d.items():
+                mine[k] = mine.get(k, 0.0) + v
+        return out
 
     def close(self) -> None:
         """Stop the worker processes (also done at the end of each epoch unless persistent_workers)."""
         if self._pool is not None:
+            for k, v in self._pool.stage_totals.items():
+                self._stages[k] = self._stages.get(k, 0.0) + v
+            for w, d in enumerate(self._pool.stage_by_worker):
+                mine = self._stages_by_worker.setdefault(w, {})
+                for k, v in d.items():
+                    mine[k] = mine.get(k, 0.0) + v
             self._pool.close()
             self._pool = None
 

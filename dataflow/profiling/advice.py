@@ -1,0 +1,64 @@
+"""What to change: plain-language advice from a profiled configuration's figures."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+STAGE_ADVICE = {
+    "read": "reading and decompressing record batches dominates: add workers, or write the shards with lighter "
+            "compression (`dataflow tokenize --compression none`, or a lower --zstd-level)",
+    "fetch": "opening/downloading shards dominates: the shards are remote or the cache is cold; warm the cache "
+             "($DATAFLOW_CACHE), use a faster store, or larger shards",
+    "shuffle": "locating samples in the epoch order dominates: lower the dataset's shuffle_window",
+    "collate": "packing windows into batches dominates: add workers (position_ids cost extra work)",
+    "h2d": "the host-to-device copy dominates: pin memory (pin_memory=True) and keep depth >= 2",
+}
+SLOW_HEADROOM = 2.0  # below this capacity / need, the slowest stage is worth naming
+FETCH_CPU_SHARE = 0.10  # main-process CPU in next() above this share of a step is worth a remark
+
+
+def workers_needed(workers: int, capacity: float, needed: float, margin: float = 1.25) -> int:
+    """Workers to reach `needed` batches/s at `margin`, scaling from the measured capacity of `workers`."""
+    if capacity <= 0:
+        return max(workers, 1) * 2
+    return max(1, math.ceil(max(workers, 1) * needed * margin / capacity))
+
+
+def advise(result: dict[str, Any]) -> list[str]:
+    """Advice lines for one configuration's result (`profile.run_config`)."""
+    run, s = result["run"], result["settings"]
+    stages = result.get("stages") or {}
+    dominant = stages.get("dominant")
+    headroom = result.get("headroom")
+    cap = (result.get("capacity") or {}).get("batches_per_s")
+    needed = result.get("needed_batches_per_s")
+    w = s["num_workers"]
+    out = []
+    if run["verdict"] == "compute-bound":
+        out.append(f"not input-bound: the consumer waited {run['data_wait_pct']:.2f}% of the time.")
+        if headroom is not None and w > 1 and cap and needed:
+            fewer = workers_needed(w, cap, needed, margin=1.5)
+            if fewer < w:
+                out.append(f"the loader has {headroom:.1f}x headroom; num_workers={fewer} would likely still keep "
+                           f"up (check with --sweep num_workers={fewer},{w}).")
+    else:
+        out.append(f"{run['verdict']}: the consumer waited {run['data_wait_pct']:.1f}% of wall time for data "
+                   f"(p99 {run['wait_p99_ms']:.1f} ms per batch).")
+        if headroom is not None and headroom < 1.0 and cap and needed:
+            more = workers_needed(w, cap, needed)
+            out.append(f"the loader delivers {cap:.1f} batches/s, the step needs {needed:.1f}: try "
+                       f"num_workers={more} (--sweep num_workers={w},{more}).")
+        elif headroom is not None:
+            out.append(f"the loader keeps up on average ({headroom:.1f}x headroom) but batches arrive unevenly: "
+                       f"raise depth or prefetch_factor (--sweep depth={s['depth']},{2 * s['depth']}).")
+        if dominant in STAGE_ADVICE and (headroom is None or headroom < SLOW_HEADROOM):
+            out.append(STAGE_ADVICE[dominant] + ".")
+    step_ms = 1e3 * run.get("step_host_s", 0.0)
+    cpu_ms = run.get("fetch_cpu_ms_per_batch", 0.0)
+    if step_ms > 0 and cpu_ms > FETCH_CPU_SHARE * step_ms:
+        where = "collation runs in the training process (num_workers=0)" if w == 0 else \
+            "the training process spends it receiving batches"
+        out.append(f"fetching costs the training process {cpu_ms:.2f} ms of CPU per batch "
+                   f"({100 * cpu_ms / step_ms:.0f}% of a step): {where}.")
+    return out

@@ -1,0 +1,204 @@
+"""StarvationMonitor: injected waits and steps come back as measured, CPU fetch time, upstream stage figures.
+
+Timing checks compare ratios of injected sleeps (>= 20 ms each) with generous margins: no absolute
+time thresholds, so a loaded machine cannot make them fail.
+"""
+
+import math
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dataflow import StarvationMonitor
+from dataflow.profiling.overhead import measure_overhead
+
+SLOW = {2: 0.06, 5: 0.04, 9: 0.08}  # batch index -> injected load delay (s)
+STEP = 0.03
+
+
+def fake_loader(n, slow=SLOW, tokens=(4, 16)):
+    for i in range(n):
+        if i in slow:
+            time.sleep(slow[i])
+        yield {"input_ids": torch.zeros(tokens, dtype=torch.long), "i": i}
+
+
+def run(mon, batches, step=STEP):
+    for _ in mon.wrap(batches):
+        with mon.step():
+            time.sleep(step)
+    return mon.summary()
+
+
+def test_injected_waits_and_data_wait_share_are_measured():
+    n = 12
+    s = run(StarvationMonitor(), fake_loader(n))
+    injected_wait, injected_steps = sum(SLOW.values()), n * STEP
+    assert s["steps"] == s["batches"] == n
+    assert 0.9 <= s["data_wait_s"] / injected_wait <= 1.3
+    expected_pct = 100 * injected_wait / (injected_wait + injected_steps)
+    assert 0.8 <= s["data_wait_pct"] / expected_pct <= 1.2
+    assert 0.9 <= s["step_s"] / STEP <= 1.5
+    assert s["verdict"] == "input-bound" and "10%" in s["verdict_rule"]
+    # the slow batches are the tail of the wait distribution
+    assert s["wait_p99_ms"] / 1e3 / max(SLOW.values()) > 0.5
+    assert s["wait_p50_ms"] < 0.1 * 1e3 * min(SLOW.values())
+    assert s["tokens"] == n * 64 and s["tokens_per_s"] / (n * 64 / s["wall_s"]) == pytest.approx(1.0)
+    assert s["batches_per_s"] == pytest.approx(n / s["wall_s"])
+
+
+def test_compute_bound_loop_and_summary_keys():
+    s = run(StarvationMonitor(), fake_loader(8, slow={}), step=0.02)
+    assert s["data_wait_pct"] < 10 and s["verdict"] in ("compute-bound", "balanced")
+    for key in ("steps", "wall_s", "data_wait_s", "data_wait_pct", "step_s", "wait_p50_ms", "wait_p90_ms",
+                "wait_p99_ms", "batches_per_s", "tokens_per_s", "fetch_cpu_s", "verdict", "verdict_rule"):
+        assert key in s
+    assert s["gpu"]["available"] is False and "CUDA" in s["gpu"]["reason"]  # absent, not zeros
+    assert s["stages"] is None  # a plain generator has no stage figures
+
+
+def test_fetch_cpu_time_tells_busy_loading_from_blocked_waiting():
+    def busy(n, seconds):  # a fixed amount of CPU work, however loaded the machine is
+        for i in range(n):
+            end = time.thread_time() + seconds
+            while time.thread_time() < end:
+                pass
+            yield i
+
+    def sleepy(n, seconds):
+        for i in range(n):
+            time.sleep(seconds)
+            yield i
+
+    b = run(StarvationMonitor(), busy(5, 0.03), step=0.0)
+    z = run(StarvationMonitor(), sleepy(5, 0.03), step=0.0)
+    assert 0.9 <= b["fetch_cpu_s"] / 0.15 <= 1.3  # the training process itself worked for the batches
+    assert z["fetch_cpu_s"] / z["data_wait_s"] < 0.2  # it only waited
+
+
+def test_reset_window_reports_each_interval():
+    mon = StarvationMonitor()
+    mon.reset_window()
+    batches = mon.wrap(fake_loader(4, slow={0: 0.05, 3: 0.05}))
+    for i in range(2):
+        next(batches)
+        with mon.step():
+            time.sleep(0.02)
+    wait1, wall1 = mon.reset_window()
+    for i in range(2):
+        next(batches)
+        with mon.step():
+            time.sleep(0.02)
+    wait2, wall2 = mon.reset_window()
+    assert 0.9 <= wait1 / 0.05 <= 1.3 and 0.9 <= wait2 / 0.05 <= 1.3
+    assert wall1 > wait1 and wall2 > wait2
+
+
+class FakeLoader:
+    """Duck-typed StreamingDataLoader: stage_seconds that restart (a new worker pool) mid-run."""
+
+    def __init__(self, n):
+        self.n, self.totals = n, {}
+
+    @property
+    def stage_seconds(self):
+        return dict(self.totals)
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i == self.n // 2:
+                self.totals = {}  # a new pool: its counters start from zero
+            for k, v in (("read", 0.004), ("shuffle", 0.001), ("collate", 0.002)):
+                self.totals[k] = self.totals.get(k, 0.0) + v
+            yield {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+
+
+class FakePrefetcher:
+    """Duck-typed DevicePrefetcher: iterates its upstream, exposes `upstream`, `stats` and `device`."""
+
+    def __init__(self, upstream):
+        self.upstream, self.device = upstream, torch.device("cpu")
+        self.stats = SimpleNamespace(batches=0, wait_s=0.0)
+
+    def __iter__(self):
+        for b in self.upstream:
+            self.stats.batches += 1
+            yield b
+
+
+def test_wrap_finds_loader_and_prefetcher_upstream_and_keeps_restarted_counters():
+    prefetcher = FakePrefetcher(FakeLoader(10))
+    mon = StarvationMonitor()
+    for _ in mon.wrap(prefetcher):
+        with mon.step():
+            pass
+    st = mon.summary()["stages"]
+    seconds = {r["stage"]: r["seconds"] for r in st["stages"]}
+    assert seconds["read"] == pytest.approx(10 * 0.004)
+    assert seconds["collate"] == pytest.approx(10 * 0.002)
+    assert st["dominant"] == "read"
+    assert st["sources"]["loader"] == "FakeLoader"
+
+
+def test_overhead_benchmark_reports_a_per_step_figure():
+    r = measure_overhead(steps=2000, repeats=2)
+    assert math.isfinite(r["overhead_us_per_step"]) and r["overhead_us_per_step"] >= 0
+    assert r["monitored_us_per_step"] >= r["bare_us_per_step"] * 0.5
+
+
+class FakeClock:
+    now = 0.0
+
+
+class FakeEvent:
+    """A CUDA event stand-in: records the fake GPU clock; always complete."""
+
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        self.t = FakeClock.now
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def test_cuda_timer_accounting_with_fake_events():
+    from dataflow.profiling.gpu import CudaTimer
+
+    timer = CudaTimer()
+    timer._torch = SimpleNamespace(cuda=SimpleNamespace(Event=FakeEvent))
+    mon = StarvationMonitor()
+    mon.cuda = timer
+    FakeClock.now = 0.0
+    timer.before_fetch()
+    FakeClock.now = 0.010  # the GPU was idle 10 ms until the batch's copy was done; the host waited 4 ms
+    timer.after_fetch(0.004)
+    timer.step_start()
+    FakeClock.now = 0.035
+    timer.step_end()
+    assert timer.copy_wait_total == pytest.approx(0.006)
+    assert timer.step_total == pytest.approx(0.025) and timer.steps == 1
+    assert len(timer._free) == 4  # events are reused, not allocated per step
+    s = mon.summary()
+    assert s["copy_wait_s"] == pytest.approx(0.006) and s["step_s"] == pytest.approx(0.025)
+    assert s["step_timing"].startswith("cuda events")
+    assert s["gpu"]["available"] is False and s["gpu"]["reason"]
+
+
+def test_nvml_sampler_says_why_it_is_absent():
+    from dataflow.profiling.gpu import NvmlSampler
+
+    sampler = NvmlSampler()
+    sampler.stop()
+    g = sampler.summary()
+    if not g["available"]:
+        assert g["reason"]  # e.g. nvidia-ml-py not installed, or no driver: never zeros
