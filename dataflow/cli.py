@@ -45,6 +45,8 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         print(f"tokenized {summary['documents']:,} documents into {summary['tokens']:,} tokens "
               f"in {summary['seconds']:.1f} s ({summary['mb_per_s']} MB/s of text, "
               f"{summary['tokens_per_s']:,} tokens/s; tokenizer {summary['tokenizer']}, engine {summary['engine']})")
+        if summary["engine_reason"]:
+            print(f"  engine: {summary['engine_reason']}")
         for split, d in summary["datasets"].items():
             print(f"  {split}: {d['documents']:,} documents, {d['tokens']:,} tokens, {d['shards']} shards, "
                   f"{d['bytes'] / 1e6:.1f} MB")

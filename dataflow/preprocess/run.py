@@ -27,7 +27,7 @@ from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
 from dataflow.preprocess.executors import UnitOutput, run_units
 from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, plan_units
-from dataflow.preprocess.sources import expand_inputs
+from dataflow.preprocess.sources import expand_inputs, read_unit
 from dataflow.preprocess.tokenizers import load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
 
@@ -87,6 +87,7 @@ class Summary:
     seconds: float
     tokenizer: str
     engine: str
+    engine_reason: str = ""
     resumed_from_unit: int = 0
     units: int = 0
     notes: list[str] = field(default_factory=list)
@@ -149,6 +150,20 @@ def _refuse_if_different(cfg: TokenizeConfig, previous: dict[str, Any] | None, w
                           f"pass --overwrite to replace it")
 
 
+def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = 256 * 1024) -> list[str]:
+    """The first ~256K characters of real input: they join the tokenizer engine's equivalence proof."""
+    if cfg.tokenizer == "bytes" or not units:
+        return []
+    texts, total = [], 0
+    for rec in read_unit(units[0], cfg.text_field, cfg.id_field):
+        if rec.text is not None:
+            texts.append(rec.text)
+            total += len(rec.text)
+        if total >= chars:
+            break
+    return texts
+
+
 def _display_names(files: list[str]) -> dict[str, str]:
     """Input names relative to their common folder: ids that survive moving the corpus."""
     if len(files) == 1:
@@ -162,8 +177,8 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     cfg.check()
     started = time.perf_counter()
     files = expand_inputs(cfg.inputs)
-    tok = load_tokenizer(cfg.tokenizer, cfg.engine)
     all_units = plan_units(files, cfg.unit_bytes)
+    tok = load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(all_units, cfg))
     lo = cfg.task_index * len(all_units) // cfg.num_tasks
     hi = (cfg.task_index + 1) * len(all_units) // cfg.num_tasks
     units = all_units[lo:hi]
@@ -209,7 +224,8 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
         with open(layout.errors, "ab") as f:
             f.truncate(progress.errors_log_bytes)
 
-    spec = UnitSpec(cfg.tokenizer, cfg.engine, cfg.text_field, cfg.id_field,
+    # a fallback decided here (from the sample) binds the workers; "auto" stays "auto" otherwise
+    spec = UnitSpec(cfg.tokenizer, "hf" if tok.engine == "hf" else cfg.engine, cfg.text_field, cfg.id_field,
                     tok.meta.eos_id if cfg.eos else None, tok.meta.dtype)
     workers = cfg.workers or os.cpu_count() or 1
     names = _display_names(files)
@@ -240,7 +256,8 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
              f"are done"] if layout.tasked else []
     return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
-                   time.perf_counter() - started, tok.meta.name, tok.engine, resumed_from, len(units), notes)
+                   time.perf_counter() - started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
+                   resumed_from, len(units), notes)
 
 
 def _commit(out: UnitOutput, unit: Unit, name: str, cfg: TokenizeConfig, progress: Progress,
@@ -290,4 +307,4 @@ def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, tok, started: floa
         docs, tokens = docs + m.documents, tokens + m.tokens
     errors = sum(1 for _ in open(layout.errors)) if os.path.exists(layout.errors) else 0
     return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - started, tok.meta.name,
-                   tok.engine, notes=["already complete: nothing to do"])
+                   tok.engine, getattr(tok, "engine_reason", ""), notes=["already complete: nothing to do"])
