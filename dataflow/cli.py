@@ -11,18 +11,13 @@ import os
 import sys
 from typing import Sequence
 
-from dataflow.errors import ConfigError, DataflowError, FormatError
+from dataflow.errors import ConfigError, DataflowError
 from dataflow.profiling.cli import add_profile_parser
 
 
 def _dataset(path: str):
-    from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
+    from dataflow.formats.manifest import read_manifest
 
-    if "://" not in path and not path.endswith(".json") and not os.path.exists(os.path.join(path, MANIFEST_NAME)):
-        splits = [s for s in ("train", "val") if os.path.exists(os.path.join(path, s, MANIFEST_NAME))]
-        if splits:
-            raise FormatError(f"{path} holds the splits {', '.join(splits)}; pass one of them, "
-                              f"e.g. {os.path.join(path, splits[0])}")
     manifest = read_manifest(path)
     return (os.path.dirname(path) if path.endswith(".json") else path), manifest
 

@@ -1,9 +1,7 @@
 """`dataflow tokenize`, `inspect`, `verify`, `decode` through the real CLI on real data."""
 
 import gzip
-import io
 import json
-import os
 import subprocess
 import sys
 

@@ -143,6 +143,12 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
         with fsspec.open(url, "rb", **(storage_options or {})) as f:
             raw = f.read()
     except FileNotFoundError:
+        folder = os.path.dirname(url)
+        splits = [s for s in ("train", "val") if "://" not in url and
+                  os.path.exists(os.path.join(folder, s, MANIFEST_NAME))]
+        if splits:
+            raise FormatError(f"{folder} holds the splits {', '.join(splits)}; pass one of them, "
+                              f"e.g. {os.path.join(folder, splits[0])}") from None
         raise FormatError(f"{url}: no manifest here; is this a dataset written by `dataflow tokenize`?") from None
     try:
         d = json.loads(raw)

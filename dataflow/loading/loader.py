@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dataflow.errors import ConfigError

@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 import dataflow

@@ -1,0 +1,1 @@
+"""The bundled distributed trainer: `python -m trainer --config configs/X.toml [--set section.key=value ...]`."""

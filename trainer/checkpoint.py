@@ -1,0 +1,228 @@
+"""Sharded, atomic, resumable checkpoints: DCP for model + optimizer, JSON for everything else.
+
+    DIR/step-000123/          complete checkpoint (only these are ever loaded)
+        .metadata, *.distcp   torch.distributed.checkpoint, each rank writes its own shards
+        rng-rank00000.json    that rank's RNG states, as lists
+        trainer_state.json    step, schedule, loader state, counters (written last)
+    DIR/step-000124.tmp/      being written; renamed to step-000124/ once every rank has finished
+
+DCP pickles its metadata and non-tensor values; loading goes through an allow-list unpickler and
+`torch.load(weights_only=True)`, so a checkpoint folder cannot run code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from dataflow.errors import ConfigError, FormatError
+from trainer.parallelize import Dist
+
+STATE_FILE = "trainer_state.json"
+STATE_VERSION = 1
+_NAME = re.compile(r"^step-(\d{6,})$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def is_complete(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, STATE_FILE)) and os.path.isfile(os.path.join(path, ".metadata"))
+
+
+def complete_checkpoints(root: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint under `root`, oldest first; `*.tmp` and partial dirs are skipped."""
+    if not root or not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        m = _NAME.match(name)
+        path = os.path.join(root, name)
+        if m and is_complete(path):
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def resolve_resume(root: str, resume: str) -> str | None:
+    """The checkpoint to start from: None for a fresh start."""
+    if resume == "none":
+        return None
+    if resume == "auto":
+        found = complete_checkpoints(root)
+        return found[-1][1] if found else None
+    if not is_complete(resume):
+        raise ConfigError(f"checkpoint.resume = {resume!r} is not a complete checkpoint folder "
+                          f"(needs {STATE_FILE} and .metadata); use \"auto\", \"none\" or a step-NNNNNN folder")
+    return resume
+
+
+# --- safe loading -------------------------------------------------------------------------------
+_ALLOWED_TORCH = {"Size", "device"}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's `.metadata` but refuses every global outside DCP's own metadata types."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch.distributed.checkpoint.metadata" or \
+                (module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo") or \
+                (module == "torch.serialization" and name == "_get_layout") or \
+                (module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")) or \
+                (module == "collections" and name == "OrderedDict"):
+            return super().find_class(module, name)
+        if module == "torch" and (name in _ALLOWED_TORCH or isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise FormatError(f"checkpoint metadata refers to {module}.{name}, which is not allowed; "
+                          f"is this a checkpoint written by the trainer?")
+
+
+class SafeReader(FileSystemReader):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        with open(os.path.join(str(self.path), ".metadata"), "rb") as f:
+            metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+        if getattr(metadata, "storage_meta", None) is not None:
+            metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafePlanner(DefaultLoadPlanner):
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._nested_dict import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+# --- RNG ----------------------------------------------------------------------------------------
+def rng_state(device: torch.device) -> dict[str, Any]:
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    return {
+        "torch": torch.get_rng_state().tolist(),
+        "cuda": torch.cuda.get_rng_state(device).tolist() if device.type == "cuda" else None,
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": [py_state[0], list(py_state[1]), py_state[2]],
+    }
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8), device)
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    p = state["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """DCP warns that a single process saves without a process group; that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _barrier(d: Dist) -> None:
+    if d.world_size > 1:
+        dist.barrier()
+
+
+class Checkpointer:
+    """Saves and loads checkpoints under `root`, keeping the newest `keep` complete ones."""
+
+    def __init__(self, root: str, keep: int, d: Dist):
+        self.root, self.keep, self.d = root, keep, d
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> str:
+        """Write checkpoint `step` atomically (all ranks call this); returns its folder."""
+        d = self.d
+        final = os.path.join(self.root, checkpoint_name(step))
+        tmp = final + ".tmp"
+        if d.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a killed save
+            os.makedirs(tmp)
+        _barrier(d)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        with _quiet():
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp, no_dist=d.world_size == 1)
+        _write_json(os.path.join(tmp, f"rng-rank{d.rank:05d}.json"), rng_state(d.device))
+        _barrier(d)
+        if d.is_main:
+            _write_json(os.path.join(tmp, STATE_FILE),
+                        {"version": STATE_VERSION, "step": step, "world_size": d.world_size, **state})
+            if os.path.exists(final):  # the same step saved again (e.g. after a rollback): replace it
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            fd = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            for _, old in complete_checkpoints(self.root)[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        _barrier(d)
+        return final
+
+    def load(self, path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+             expect_model: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Restore model, optimizer and (same world size) this rank's RNG; returns the trainer state.
+
+        `expect_model` (the model's settings) must match the saved ones, else a ConfigError names the difference.
+        """
+        d = self.d
+        try:
+            with open(os.path.join(path, STATE_FILE)) as f:
+                state = json.load(f)
+        except (OSError, ValueError) as e:
+            raise FormatError(f"{path}: cannot read {STATE_FILE} ({e})") from None
+        if state.get("version") != STATE_VERSION:
+            raise FormatError(f"{path}: trainer state version {state.get('version')} is not {STATE_VERSION}")
+        saved = state.get("model")
+        if expect_model is not None and saved is not None:
+            diff = [f"{k}: {saved.get(k)} -> {v}" for k, v in expect_model.items() if saved.get(k) != v]
+            if diff:
+                raise ConfigError(f"cannot resume from {path}: the model differs from the checkpoint's "
+                                  f"({'; '.join(diff)}); restore those settings or start a new checkpoint.dir")
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        target = {"model": model_sd, "optim": optim_sd}
+        with _quiet():
+            dcp.load(target, checkpoint_id=path, storage_reader=SafeReader(path), planner=SafePlanner(),
+                     no_dist=d.world_size == 1)
+        set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
+        rng_file = os.path.join(path, f"rng-rank{d.rank:05d}.json")
+        if state.get("world_size") == d.world_size and os.path.isfile(rng_file):
+            with open(rng_file) as f:
+                set_rng_state(json.load(f), d.device)
+            state["rng_restored"] = True
+        else:  # a different world size: RNG streams cannot map one to one, reseed per (seed, rank, step)
+            state["rng_restored"] = False
+        return state

@@ -1,0 +1,207 @@
+"""The trainer's configuration: one dataclass per TOML section, read from a file plus `--set` overrides.
+
+Every key is typed by its dataclass field; an unknown section or key, a value of the wrong type or an
+out-of-range choice raises `dataflow.ConfigError` naming the key, so a typo never silently falls back
+to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from dataflow.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+@dataclass
+class DataConfig:
+    path: str = ""  # dataset folder/URL written by `dataflow tokenize` (the train split)
+    val_path: str = ""  # optional validation dataset, evaluated every train.eval_every steps
+    seq_len: int = 1024
+    batch_size: int = 8  # per process, per micro-step
+    num_workers: int = 2
+    shuffle_window: int = 8  # shards shuffled together
+    doc_mask: bool = False  # attention restricted to each document (position_ids restart per document)
+    prefetch_depth: int = 2  # batches the DevicePrefetcher keeps ahead
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 12
+    n_head: int = 12
+    d_model: int = 768
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    vocab_multiple: int = 64  # the embedding is padded to a multiple of this (faster matmuls)
+    init_std: float = 0.02
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    grad_accum: int = 1
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_steps: int = 100
+    decay: str = "cosine"  # cosine | linear | constant, from lr after warmup down to min_lr at `steps`
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
+    precision: str = "bf16"  # fp32 | bf16
+    parallel: str = "ddp"  # ddp | fsdp | hsdp (a single process runs the plain model)
+    hsdp_replicas: int = 0  # hsdp: replica groups (0: one per node, from torchrun's LOCAL_WORLD_SIZE)
+    ddp_comm_hook: str = "none"  # none | bf16 | powersgd
+    powersgd_rank: int = 1
+    compile: bool = False
+    activation_checkpointing: bool = False
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    max_bad_steps: int = 10  # abort after this many non-finite steps in a row
+    spike_factor: float = 3.0  # a loss above spike_factor x its running average is a spike; 0 disables
+    spike_rollback: bool = False  # on a spike, reload the last checkpoint and skip the offending data
+    eval_every: int = 0  # validation every N steps when data.val_path is set; 0: only at the end
+    eval_batches: int = 20
+    stop_at: int = 0  # leave after this step (saving a checkpoint) while keeping the schedule of `steps`
+    inject_nan_step: int = 0  # test hook: poison the loss of this step with NaN
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""  # empty: no checkpoints
+    every: int = 200
+    keep: int = 3  # complete checkpoints kept; older ones are deleted
+    resume: str = "auto"  # auto (newest complete checkpoint in dir, if any) | none | a checkpoint folder
+    save_at_exit: bool = True  # also at the end of the run and on SIGTERM/SIGINT
+
+
+@dataclass
+class LogConfig:
+    every: int = 10
+    jsonl: str = ""  # metrics records, one JSON object a line (appended)
+    tensorboard: str = ""  # a log dir; used when tensorboard is installed
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    ("train", "decay"): ("cosine", "linear", "constant"),
+    ("train", "precision"): ("fp32", "bf16"),
+    ("train", "parallel"): ("ddp", "fsdp", "hsdp"),
+    ("train", "ddp_comm_hook"): ("none", "bf16", "powersgd"),
+    ("train", "device"): ("auto", "cpu", "cuda"),
+}
+POSITIVE = {("data", "seq_len"), ("data", "batch_size"), ("data", "prefetch_depth"), ("data", "shuffle_window"),
+            ("model", "n_layer"), ("model", "n_head"), ("model", "d_model"), ("model", "vocab_multiple"),
+            ("train", "steps"), ("train", "grad_accum"), ("train", "max_bad_steps"), ("train", "eval_batches"),
+            ("checkpoint", "every"), ("checkpoint", "keep"), ("log", "every")}
+NON_NEGATIVE = {("data", "num_workers"), ("train", "warmup_steps"), ("train", "lr"), ("train", "min_lr"),
+                ("train", "weight_decay"), ("train", "clip"), ("train", "spike_factor"), ("train", "eval_every"),
+                ("train", "stop_at"), ("train", "hsdp_replicas"), ("train", "inject_nan_step"),
+                ("model", "dropout")}
+
+
+def _section_types(section: Any) -> dict[str, type]:
+    return typing.get_type_hints(type(section))
+
+
+def _coerce(where: str, value: Any, kind: type, origin: str) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # `--set data.path=123` names a folder called 123
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{where} must be {kind.__name__}, got {type(value).__name__} {value!r}{origin}")
+    return value
+
+
+def apply(cfg: Config, section: str, key: str, value: Any, source: str = "") -> None:
+    """Set `section.key = value` with type checking; `source` names where the value came from."""
+    sections = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    origin = f" (in {source})" if source else ""
+    if section not in sections:
+        raise ConfigError(f"unknown config section [{section}]{origin}; known: {', '.join(sections)}")
+    obj = sections[section]
+    types = _section_types(obj)
+    if key not in types:
+        raise ConfigError(f"unknown config key {section}.{key}{origin}; known keys of [{section}]: "
+                          f"{', '.join(types)}")
+    setattr(obj, key, _coerce(f"{section}.{key}", value, types[key], origin))
+
+
+def validate(cfg: Config) -> None:
+    """Range and choice checks across the whole config."""
+    for (section, key), allowed in CHOICES.items():
+        value = getattr(getattr(cfg, section), key)
+        if value not in allowed:
+            raise ConfigError(f"{section}.{key} = {value!r} is not one of {', '.join(allowed)}")
+    for section, key in POSITIVE:
+        if getattr(getattr(cfg, section), key) <= 0:
+            raise ConfigError(f"{section}.{key} must be positive, got {getattr(getattr(cfg, section), key)}")
+    for section, key in NON_NEGATIVE:
+        if getattr(getattr(cfg, section), key) < 0:
+            raise ConfigError(f"{section}.{key} must not be negative, got {getattr(getattr(cfg, section), key)}")
+    if cfg.model.d_model % cfg.model.n_head or (cfg.model.d_model // cfg.model.n_head) % 2:
+        raise ConfigError(f"model.d_model ({cfg.model.d_model}) must split into model.n_head ({cfg.model.n_head}) "
+                          f"heads of even size (RoPE rotates pairs)")
+    if cfg.train.min_lr > cfg.train.lr:
+        raise ConfigError(f"train.min_lr ({cfg.train.min_lr}) is above train.lr ({cfg.train.lr})")
+    if not cfg.data.path:
+        raise ConfigError("data.path is empty; set it in the config or with --set data.path=DATASET")
+
+
+def parse_value(text: str) -> Any:
+    """A `--set` value: a TOML literal (`3`, `1e-4`, `true`, `"x"`), else the plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (),
+                check: bool = True) -> Config:
+    """Defaults, then the TOML file at `path`, then each `section.key=value` override, then validation."""
+    cfg = Config()
+    if path:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path} is not valid TOML: {e}") from None
+        for section, table in doc.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: top-level key {section!r} must be a [section] table")
+            for key, value in table.items():
+                apply(cfg, section, key, value, source=path)
+    for item in overrides:
+        name, sep, text = item.partition("=")
+        section, dot, key = name.strip().partition(".")
+        if not sep or not dot or not key:
+            raise ConfigError(f"--set {item!r}: write it as section.key=value, e.g. --set train.steps=100")
+        apply(cfg, section, key, parse_value(text.strip()), source="--set")
+    if check:
+        validate(cfg)
+    return cfg

@@ -1,0 +1,175 @@
+"""A GPT: pre-norm blocks, rotary positions, SDPA attention, tied input/output embeddings.
+
+With `position_ids` that restart at each document (the loader's `position_ids=True`), RoPE uses them
+and attention is document-causal: a token sees only earlier tokens of its own document.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.config import ModelConfig
+
+
+def padded_vocab(vocab_size: int, multiple: int) -> int:
+    return -(-vocab_size // multiple) * multiple
+
+
+class Rotary(nn.Module):
+    """cos/sin tables of rotary embeddings, looked up by position."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float):
+        super().__init__()
+        self.head_dim, self.max_len, self.theta = head_dim, max_len, theta
+        self.register_buffer("cos", torch.empty(max_len, head_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(max_len, head_dim // 2), persistent=False)
+        self.reset_tables()
+
+    def reset_tables(self) -> None:
+        """(Re)compute the tables; needed after the module leaves the meta device."""
+        if self.cos.is_meta:
+            return
+        inv = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
+                                                device=self.cos.device) / self.head_dim)
+        angles = torch.outer(torch.arange(self.max_len, dtype=torch.float32, device=self.cos.device), inv)
+        self.cos.copy_(angles.cos())
+        self.sin.copy_(angles.sin())
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (T,) or (B, T) -> cos, sin broadcastable to (B, H, T, head_dim/2)."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        if positions.dim() == 2:
+            return cos[:, None], sin[:, None]
+        return cos, sin
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+def document_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions restarting at 0 per document -> (B, 1, T, T) bool, True where attention is allowed."""
+    doc = (position_ids == 0).cumsum(dim=1)
+    same = doc[:, :, None] == doc[:, None, :]
+    T = position_ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()
+    return (same & causal)[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = int(cfg.mlp_ratio * cfg.d_model)
+        self.fc = nn.Linear(cfg.d_model, hidden, bias=False)
+        self.proj = nn.Linear(hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), cos, sin, mask))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer; `forward(input_ids, labels)` returns the mean token loss."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, max_len: int):
+        super().__init__()
+        self.cfg, self.vocab_size, self.max_len = cfg, vocab_size, max_len
+        self.padded_vocab = padded_vocab(vocab_size, cfg.vocab_multiple)
+        self.tok_emb = nn.Embedding(self.padded_vocab, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, self.padded_vocab, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # tied: one matrix reads and writes tokens
+        self.rotary = Rotary(cfg.d_model // cfg.n_head, max_len, cfg.rope_theta)
+
+    def tie_weights(self) -> None:
+        """Re-tie after `to_empty()`, which gives each module its own copy of a shared parameter."""
+        if self.lm_head.weight is not self.tok_emb.weight:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6N for the weights plus 12*L*H*Q*T for attention (PaLM, appendix B)."""
+        c = self.cfg
+        return 6.0 * self.num_params() + 12.0 * c.n_layer * c.n_head * (c.d_model // c.n_head) * seq_len
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Seeded init, one generator per parameter, so every rank and every sharding gets the same weights.
+
+        Sharded (DTensor) parameters are generated whole on their device and each rank keeps its shard.
+        Output projections are scaled by 1/sqrt(2 * n_layer) (GPT-2) to keep the residual stream's variance.
+        """
+        self.rotary.reset_tables()
+        std = self.cfg.init_std
+        for i, (name, p) in enumerate(self.named_parameters()):
+            local = p.to_local() if hasattr(p, "to_local") else p
+            gen = torch.Generator(device=local.device).manual_seed(seed * 1_000_003 + i)
+            full = torch.empty(p.shape, dtype=p.dtype, device=local.device)
+            if "norm" in name:
+                full.fill_(1.0)
+            else:
+                scale = 1.0 / math.sqrt(2 * self.cfg.n_layer) if name.endswith("proj.weight") else 1.0
+                full.normal_(0.0, std * scale, generator=gen)
+            if hasattr(p, "to_local"):
+                from torch.distributed.tensor import distribute_tensor
+
+                full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            local.copy_(full)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        T = input_ids.shape[1]
+        if T > self.max_len:
+            raise ValueError(f"sequence of {T} tokens is longer than the model's {self.max_len}")
+        if position_ids is None:
+            cos, sin = self.rotary(torch.arange(T, device=input_ids.device))
+            mask = None
+        else:
+            cos, sin = self.rotary(position_ids)
+            mask = document_mask(position_ids)
+        x = self.tok_emb(input_ids)
+        for block in self.blocks:
+            x = block(x, cos, sin, mask)
+        logits = self.lm_head(self.norm(x))
+        if labels is None:
+            return logits[..., : self.vocab_size]
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))

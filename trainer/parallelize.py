@@ -1,0 +1,156 @@
+"""Process group, device, and the one ordered function that turns a GPT into a trainable parallel model.
+
+Order matters (as in torchtitan): activation checkpointing wraps each block, then compile each block,
+then DDP or FSDP2 shards/replicates the result. A single process always runs the plain model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+from dataflow.errors import ConfigError
+from trainer.config import Config
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_choice: str) -> Dist:
+    """Pick the device and, under torchrun (WORLD_SIZE > 1), join the process group (nccl on GPU, gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if device_choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device = \"cuda\" but no CUDA device is visible; use \"auto\" or \"cpu\"")
+    use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if use_cuda else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
+                                device_id=device if use_cuda else None)
+    return Dist(rank, world, local_rank, local_world, device)
+
+
+def set_cpu_threads(d: Dist, num_workers: int) -> int:
+    """On CPU, split the cores among local processes, leaving one to each loader worker and one to the
+    prefetch thread; returns the old count.
+
+    Oversubscribed OpenMP threads spin against the loader and can slow small models tenfold. An explicit
+    OMP_NUM_THREADS (torchrun sets 1) is respected.
+    """
+    previous = torch.get_num_threads()
+    if d.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        cores = (os.cpu_count() or 1) // max(d.local_world_size, 1)
+        torch.set_num_threads(max(1, cores - num_workers - 1))
+    return previous
+
+
+def _mesh(cfg: Config, d: Dist) -> "DeviceMesh":
+    """FSDP: one dimension over all ranks. HSDP: (replicate across nodes, shard within a node)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if cfg.train.parallel == "fsdp":
+        return init_device_mesh(d.device.type, (d.world_size,), mesh_dim_names=("shard",))
+    replicas = cfg.train.hsdp_replicas or max(d.world_size // max(d.local_world_size, 1), 1)
+    if d.world_size % replicas:
+        raise ConfigError(f"train.hsdp_replicas = {replicas} does not divide the {d.world_size} processes")
+    return init_device_mesh(d.device.type, (replicas, d.world_size // replicas),
+                            mesh_dim_names=("replicate", "shard"))
+
+
+def parallelize(model: nn.Module, cfg: Config, d: Dist) -> nn.Module:
+    """Activation checkpointing -> torch.compile -> DDP / FSDP2 / HSDP, in that order."""
+    blocks = model.blocks
+    if cfg.train.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, block in enumerate(blocks):
+            blocks[i] = checkpoint_wrapper(block, preserve_rng_state=cfg.model.dropout > 0)
+    if cfg.train.compile:
+        for block in blocks:
+            block.compile()
+    if d.world_size == 1:
+        return model
+    if cfg.train.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ddp = DDP(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
+        _comm_hook(ddp, cfg, d)
+        return ddp
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = _mesh(cfg, d)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if cfg.train.precision == "bf16" else MixedPrecisionPolicy()
+    for i, block in enumerate(blocks):
+        # the last block's parameters are needed right away by backward: keep them gathered
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def _comm_hook(ddp: nn.Module, cfg: Config, d: Dist) -> None:
+    """Optional DDP gradient compression: bf16 all-reduce (NCCL only) or PowerSGD low-rank."""
+    hook = cfg.train.ddp_comm_hook
+    if hook == "bf16":
+        if d.device.type != "cuda":
+            raise ConfigError("train.ddp_comm_hook = \"bf16\" needs CUDA and NCCL; on CPU use \"none\" or \"powersgd\"")
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        ddp.register_comm_hook(None, bf16_compress_hook)
+    elif hook == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.train.powersgd_rank,
+                                   start_powerSGD_iter=max(2, cfg.train.warmup_steps))
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+
+
+def uses_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def grad_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce/reduce-scatter on non-final micro-steps of gradient accumulation."""
+    if uses_fsdp(model):
+        model.set_requires_gradient_sync(enabled)
+        yield
+    elif not enabled and hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The GPT inside a DDP wrapper (FSDP2 modules are the GPT itself)."""
+    return getattr(model, "module", model)
