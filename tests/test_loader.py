@@ -156,3 +156,20 @@ def test_no_hang_at_exit_with_live_workers(counting_ds, tmp_path):
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "exiting" in p.stdout
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_tar_shards_stream_the_same_windows_as_arrow(counting_ds, tmp_path, compression):
+    from dataflow.formats.manifest import read_manifest
+    from dataflow.formats.reader import iter_documents
+
+    m = read_manifest(counting_ds)
+    with ShardWriter(str(tmp_path), tokenizer_meta=COUNTING, format="tar", compression=compression,
+                     shard_size="8KB") as w:
+        for doc_id, tokens in iter_documents(counting_ds, m):
+            w.write(tokens, id=doc_id)
+    arrow = windows(StreamingDataLoader(StreamingDataset(counting_ds, seq_len=SEQ, seed=9), batch_size=4))
+    tar = windows(StreamingDataLoader(StreamingDataset(str(tmp_path), seq_len=SEQ, seed=9), batch_size=4))
+    assert tar == arrow
+    docs = list(StreamingDataset(str(tmp_path), shuffle=False))
+    assert [d["id"] for d in docs[:3]] == ["0", "1", "2"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from typing import IO, Iterator, Sequence
 
@@ -66,3 +67,57 @@ def iter_tar_documents(f: IO[bytes], path: str, compressed: bool) -> Iterator[tu
         raise FormatError(f"{path}: damaged tar shard ({type(e).__name__}: {e})") from None
     if pending:
         raise FormatError(f"{path}: tar shard ends with incomplete samples {sorted(pending)[:3]}")
+
+
+_NPY_HEADER = re.compile(rb"\{'descr': '([<>|=][a-z]\d+)', 'fortran_order': False, 'shape': \((\d+),\), \}")
+
+
+def parse_tar_documents(data: bytes | memoryview, path: str) -> tuple[list[str], list[np.ndarray]]:
+    """(ids, tokens) of a whole uncompressed tar shard held in memory, parsed without `tarfile`.
+
+    The loader's fast path: walks the 512-byte headers directly and views each `.npy` payload with
+    `np.frombuffer` (no copy). Falls back to `tarfile` for anything but plain regular members.
+    """
+    buf = memoryview(data)
+    ids: list[str] = []
+    docs: list[np.ndarray] = []
+    pending: dict[str, np.ndarray] = {}
+    pos = 0
+    try:
+        while pos + 512 <= len(buf):
+            header = bytes(buf[pos:pos + 512])
+            if header == b"\0" * 512:
+                break
+            name = header[:100].split(b"\0", 1)[0].decode()
+            prefix = header[345:500].split(b"\0", 1)[0].decode()
+            if prefix:
+                name = prefix + "/" + name
+            size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+            if header[156:157] not in (b"0", b"\0"):
+                raise ValueError(f"member {name!r} is not a regular file")
+            body = buf[pos + 512:pos + 512 + size]
+            pos += 512 + (size + 511) // 512 * 512
+            key, _, ext = name.partition(".")
+            if ext == "tokens.npy":
+                pending[key] = _npy_view(body)
+            elif ext == "json":
+                ids.append(json.loads(bytes(body))["id"])
+                docs.append(pending.pop(key))
+    except (ValueError, KeyError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: damaged tar shard ({e})") from None
+    if pending:
+        raise FormatError(f"{path}: tar shard ends with incomplete samples {sorted(pending)[:3]}")
+    return ids, docs
+
+
+def _npy_view(body: memoryview) -> np.ndarray:
+    """A 1-D array over an .npy payload without copying (format versions 1-3)."""
+    if bytes(body[:6]) != b"\x93NUMPY":
+        raise ValueError("not an .npy payload")
+    major = body[6]
+    hlen = int.from_bytes(body[8:10], "little") if major == 1 else int.from_bytes(body[8:12], "little")
+    start = (10 if major == 1 else 12) + hlen
+    m = _NPY_HEADER.match(bytes(body[start - hlen:start]))
+    if m is None:
+        raise ValueError("expected a 1-D C-ordered token array in the .npy payload")
+    return np.frombuffer(body, dtype=np.dtype(m.group(1).decode()), count=int(m.group(2)), offset=start)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
+import zstandard
 
 from dataflow.formats.arrow import ArrowShard
-from dataflow.formats.tar import iter_tar_documents
+from dataflow.formats.tar import parse_tar_documents
 
 
 @dataclass
@@ -35,12 +35,12 @@ class OpenShard:
             self.doc_starts = self._arrow.doc_starts
         else:
             self._arrow = None
-            lengths, ids, docs = [], [], []
-            with fsspec.open(path, "rb") as f:
-                for doc_id, toks in iter_tar_documents(f, path, compressed=path.endswith(".zst")):
-                    ids.append(doc_id)
-                    docs.append(toks)
-                    lengths.append(len(toks))
+            with open(path, "rb") as f:
+                raw = f.read()
+            if path.endswith(".zst"):
+                raw = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+            ids, docs = parse_tar_documents(raw, path)
+            lengths = [len(d) for d in docs]
             offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
             flat = np.concatenate(docs) if docs else np.zeros(0, np.uint16)
             self.batches[0] = Batch(flat, offsets, ids)
