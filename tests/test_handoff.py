@@ -150,3 +150,20 @@ def test_prefetcher_over_ring_batches_sees_intact_values(ds_path):
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
     with pytest.raises(DataflowError, match="lifetime"):
         DevicePrefetcher(StreamingDataLoader(ds, batch_size=4, num_workers=2, lifetime=2), device="cpu", depth=2)
+
+
+def test_prefetcher_state_is_the_consumers_not_the_read_ahead(ds_path):
+    from dataflow import DevicePrefetcher
+
+    want = reference(ds_path)
+    loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4, num_workers=2)
+    pf = DevicePrefetcher(loader, device="cpu", depth=2)
+    for i, _ in enumerate(pf):
+        if i == 9:
+            time.sleep(0.2)  # let the thread read ahead
+            state = pf.state_dict()
+            break
+    assert state["consumed"] == 10 * 4
+    resumed = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4, copy=True)
+    resumed.load_state_dict(state)
+    assert torch.equal(next(iter(resumed))["input_ids"], want[10])

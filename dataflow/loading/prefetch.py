@@ -106,12 +106,24 @@ class DevicePrefetcher:
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._last_event: _TimedEvent | None = None
+        self._state: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The upstream loader's state after the last batch this prefetcher *yielded* (not what its
+        thread has read ahead): checkpoint this, and `load_state_dict` it into the loader to resume."""
+        if self._state is not None:
+            return self._state
+        state_of = getattr(self.upstream, "state_dict", None)
+        if state_of is None:
+            raise TypeError("the upstream iterable has no state_dict()")
+        return state_of()
 
     # --- producer thread ------------------------------------------------------------------------
     def _produce(self, it: Iterator[Any]) -> None:
         stream = torch.cuda.Stream(device=self.device) if self._cuda else None
         ring = _PinnedRing(self.depth + 1, self.stats) if self._cuda else None
         lifetime = getattr(self.upstream, "lifetime", None)
+        state_of = getattr(self.upstream, "state_dict", None)
         in_flight: deque = deque()  # events of direct copies whose source slot the loader may reuse
         try:
             while True:
@@ -131,6 +143,8 @@ class DevicePrefetcher:
                         in_flight.popleft().synchronize()
                 else:
                     item = self._to_device(batch, stream, ring)
+                if state_of is not None:  # the upstream's resume point right after this batch
+                    item = (*item, state_of())
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)
@@ -196,7 +210,9 @@ class DevicePrefetcher:
                     return
                 if isinstance(item, _Failure):
                     raise item.exc
-                batch, event = item
+                batch, event = item[0], item[1]
+                if len(item) > 2:
+                    self._state = item[2]
                 if event is not None:
                     current = torch.cuda.current_stream(self.device)
                     current.wait_event(event.end)
