@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 
 from dataflow import ShardWriter, TokenizerMeta
-from dataflow.profiling.cli import main
+from dataflow.cli import main as dataflow_main
+
+
+def main(argv):
+    return dataflow_main(["profile", *argv])
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 

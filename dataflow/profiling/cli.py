@@ -1,16 +1,16 @@
 """`dataflow profile DATA ...`: argument parsing and dispatch for the starvation profiler.
 
-`add_profile_parser(sub)` registers the subcommand on the `dataflow` parser; `main()` runs it alone
-(`python -m dataflow.profiling.cli`). Nothing heavy is imported until the command runs.
+`add_profile_parser(sub)` registers the subcommand on the `dataflow` parser. Nothing heavy is imported
+until the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from typing import Any
 
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError
 
 
 def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
@@ -119,25 +119,3 @@ def cmd_profile(args: argparse.Namespace) -> int:
     report = run(args)
     print(to_json(report) if args.json else format_report(report))
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`dataflow profile` on its own, with the `dataflow` command's exit codes (0 / 1 / 2)."""
-    parser = argparse.ArgumentParser(prog="dataflow")
-    add_profile_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["profile", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except ConfigError as e:
-        print(f"dataflow profile: error: {e}", file=sys.stderr)
-        return 2
-    except DataflowError as e:
-        print(f"dataflow profile: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("dataflow profile: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
