@@ -331,3 +331,18 @@ def test_bad_json_and_bad_threads_are_config_errors(tmp_path):
         load_tokenizer(str(bad))
     with pytest.raises(ConfigError, match="threads"):
         load_tokenizer("bytes", threads=0)
+
+
+def test_a_proof_is_remembered_per_file_and_engine_versions(tmp_path, monkeypatch):
+    import dataflow.preprocess.tokenizers as toks
+
+    monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path))
+    monkeypatch.setattr(toks, "_PROVEN", {})
+    first = toks.load_tokenizer(str(GPT2_JSON))
+    assert first.engine == "tiktoken" and "cached" not in first.engine_reason
+    assert len(list(tmp_path.iterdir())) == 1
+    monkeypatch.setattr(toks, "_PROVEN", {})  # a new process on the same machine
+    second = toks.load_tokenizer(str(GPT2_JSON))
+    assert second.engine == "tiktoken" and "proof cached on this machine" in second.engine_reason
+    text = "Hello <|endoftext|> world 1234"
+    assert [a.tolist() for a in second.encode_batch([text])] == [a.tolist() for a in first.encode_batch([text])]

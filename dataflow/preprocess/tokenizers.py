@@ -15,16 +15,18 @@ import array
 import base64
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import fsspec
 import numpy as np
 
 from dataflow.errors import ConfigError, FormatError
+from dataflow.formats.atomic import write_json_atomic
 from dataflow.formats.manifest import TokenizerMeta
 from dataflow.preprocess import bpe_convert
 from dataflow.preprocess.bpe_convert import NotConvertible
@@ -198,7 +200,8 @@ class HFTokenizer(Tokenizer):
         """
         if self._sha256 not in _PROVEN:
             try:
-                _PROVEN[self._sha256] = self._build_and_prove(data)
+                _PROVEN[self._sha256] = self._proven_before(data) or self._build_and_prove(data)
+                _remember_proof(self._sha256, _PROVEN[self._sha256][1])
             except NotConvertible as e:
                 _PROVEN[self._sha256] = (None, str(e))
         enc, text = _PROVEN[self._sha256]
@@ -206,8 +209,16 @@ class HFTokenizer(Tokenizer):
             raise NotConvertible(text)
         return enc, text
 
-    def _build_and_prove(self, data: bytes) -> tuple[tiktoken.Encoding, str]:
-        """Convert, build the Encoding and compare it with tokenizers on the probe (and the vocab)."""
+    def _proven_before(self, data: bytes) -> tuple[tiktoken.Encoding, str] | None:
+        """The Encoding without repeating the comparisons, when this machine proved the same file with
+        the same library versions before (the per-process sample check still runs)."""
+        proof = _recalled_proof(self._sha256)
+        if proof is None:
+            return None
+        enc, _ = self._build(data)
+        return enc, proof + " (proof cached on this machine)"
+
+    def _build(self, data: bytes) -> tuple[tiktoken.Encoding, Any]:
         import tiktoken
 
         try:
@@ -220,6 +231,11 @@ class HFTokenizer(Tokenizer):
                                     mergeable_ranks=conv.mergeable_ranks, special_tokens=conv.special_tokens)
         except Exception as e:  # a regex the tiktoken engine cannot compile, mostly
             raise NotConvertible(f"tiktoken rejects the conversion ({e})") from None
+        return enc, (obj, conv)
+
+    def _build_and_prove(self, data: bytes) -> tuple[tiktoken.Encoding, str]:
+        """Convert, build the Encoding and compare it with tokenizers on the probe (and the vocab)."""
+        enc, (obj, conv) = self._build(data)
         specials = [t["content"] for t in obj.get("added_tokens") or []]
         probe = bpe_convert.probe_texts(specials)
         # Without ignore_merges, tokenizers runs BPE on a piece that is itself a token, where tiktoken
@@ -287,6 +303,36 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = np.asarray(ids)
         return self._tok.decode(arr[arr != self.meta.eos_id].tolist(), skip_special_tokens=False)
+
+
+def _proof_path(sha256: str) -> str:
+    """Where a proof is remembered: keyed by the file and by both engines' versions."""
+    import tiktoken
+    import tokenizers
+
+    root = os.environ.get("DATAFLOW_PROOF_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dataflow", "engine-proofs")
+    return os.path.join(root, f"{sha256}-tiktoken{tiktoken.__version__}-tokenizers{tokenizers.__version__}.json")
+
+
+def _recalled_proof(sha256: str) -> str | None:
+    try:
+        with open(_proof_path(sha256)) as f:
+            return json.load(f)["proof"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _remember_proof(sha256: str, proof: str) -> None:
+    """Best effort: a read-only home only means the next run proves again."""
+    if "(proof cached" in proof:
+        return
+    try:
+        path = _proof_path(sha256)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json_atomic(path, {"sha256": sha256, "proof": proof})
+    except OSError:
+        pass
 
 
 def _tiktoken_lists(enc: tiktoken.Encoding, texts: Sequence[str], threads: int) -> list[list[int]]:
