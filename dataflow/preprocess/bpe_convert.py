@@ -11,8 +11,11 @@ first, and merge order is rank order. `convert` checks the structure and says wh
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+from dataflow.formats.atomic import write_json_atomic
 
 # The split pattern of the `ByteLevel` pre-tokenizer when `use_regex` is on (tokenizers' byte_level.rs).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -294,3 +297,34 @@ def first_mismatch(expected: Callable[[list[str]], list[list[int]]],
         return (f"{label} text {n} differs at token {k}: tokenizers {w[k:k + 4]}, tiktoken {g[k:k + 4]} "
                 f"(text {text[:60]!r}{'...' if len(text) > 60 else ''})")
     return None
+
+
+def _proof_path(sha256: str) -> str:
+    """Where a proof is remembered: keyed by the file and by both engines' versions."""
+    import tiktoken
+    import tokenizers
+
+    root = os.environ.get("DATAFLOW_PROOF_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dataflow", "engine-proofs")
+    return os.path.join(root, f"{sha256}-tiktoken{tiktoken.__version__}-tokenizers{tokenizers.__version__}.json")
+
+
+def recall_proof(sha256: str) -> str | None:
+    """What an earlier run on this machine proved for this file with these engine versions, if any."""
+    try:
+        with open(_proof_path(sha256)) as f:
+            return json.load(f)["proof"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def remember_proof(sha256: str, proof: str) -> None:
+    """Best effort: a read-only home only means the next run proves again."""
+    if "(proof cached" in proof:
+        return
+    try:
+        path = _proof_path(sha256)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json_atomic(path, {"sha256": sha256, "proof": proof})
+    except OSError:
+        pass

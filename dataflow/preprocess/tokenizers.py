@@ -15,7 +15,6 @@ import array
 import base64
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -26,7 +25,6 @@ import fsspec
 import numpy as np
 
 from dataflow.errors import ConfigError, FormatError
-from dataflow.formats.atomic import write_json_atomic
 from dataflow.formats.manifest import TokenizerMeta
 from dataflow.preprocess import bpe_convert
 from dataflow.preprocess.bpe_convert import NotConvertible
@@ -201,7 +199,7 @@ class HFTokenizer(Tokenizer):
         if self._sha256 not in _PROVEN:
             try:
                 _PROVEN[self._sha256] = self._proven_before(data) or self._build_and_prove(data)
-                _remember_proof(self._sha256, _PROVEN[self._sha256][1])
+                bpe_convert.remember_proof(self._sha256, _PROVEN[self._sha256][1])
             except NotConvertible as e:
                 _PROVEN[self._sha256] = (None, str(e))
         enc, text = _PROVEN[self._sha256]
@@ -212,7 +210,7 @@ class HFTokenizer(Tokenizer):
     def _proven_before(self, data: bytes) -> tuple[tiktoken.Encoding, str] | None:
         """The Encoding without repeating the comparisons, when this machine proved the same file with
         the same library versions before (the per-process sample check still runs)."""
-        proof = _recalled_proof(self._sha256)
+        proof = bpe_convert.recall_proof(self._sha256)
         if proof is None:
             return None
         enc, _ = self._build(data)
@@ -303,36 +301,6 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = np.asarray(ids)
         return self._tok.decode(arr[arr != self.meta.eos_id].tolist(), skip_special_tokens=False)
-
-
-def _proof_path(sha256: str) -> str:
-    """Where a proof is remembered: keyed by the file and by both engines' versions."""
-    import tiktoken
-    import tokenizers
-
-    root = os.environ.get("DATAFLOW_PROOF_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dataflow", "engine-proofs")
-    return os.path.join(root, f"{sha256}-tiktoken{tiktoken.__version__}-tokenizers{tokenizers.__version__}.json")
-
-
-def _recalled_proof(sha256: str) -> str | None:
-    try:
-        with open(_proof_path(sha256)) as f:
-            return json.load(f)["proof"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _remember_proof(sha256: str, proof: str) -> None:
-    """Best effort: a read-only home only means the next run proves again."""
-    if "(proof cached" in proof:
-        return
-    try:
-        path = _proof_path(sha256)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_json_atomic(path, {"sha256": sha256, "proof": proof})
-    except OSError:
-        pass
 
 
 def _tiktoken_lists(enc: tiktoken.Encoding, texts: Sequence[str], threads: int) -> list[list[int]]:
