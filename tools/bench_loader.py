@@ -1,12 +1,16 @@
-"""Loader throughput: ours against the raw np.memmap reader (the ceiling) and torch's DataLoader.
+"""Loader throughput: ours against the np.memmap ceiling and the peers, same data, same run, same machine.
 
-Batches of 8 windows of 2049 tokens (seq_len 2048) as int64, shuffle on. The corpus is the KJV
-tokenized with GPT-2, replicated to --tokens. Prints tokens/s (median of --repeats, min-max) and
-ratios against the baselines measured in the same run, because absolute times on shared machines
-are noise.
+One corpus (the KJV tokenized with GPT-2, replicated to --tokens), batches of 8 windows of 2049 tokens
+(seq_len 2048) as int64 tensors, shuffle on, in-process and with 2 workers. Each tool runs in its own
+subprocess (tools/peers/harness.py; one adapter per tool in tools/peers/*_peer.py): a crash or an
+import conflict costs that tool only, and its memory is its own. A tool that fails is reported with the
+reason. Each case: one untimed warm-up pass, then --repeats timed passes, each with a fresh loader;
+tokens/s is the median (min-max shown), time to first batch the median, memory the peak PSS of the
+tool's whole process tree (workers included).
 
-    python tools/bench_loader.py --tokens 200e6            # the full run
-    python tools/bench_loader.py --tokens 20e6 --quick     # a few minutes
+    python tools/bench_loader.py                      # full: 200M tokens
+    python tools/bench_loader.py --quick              # 20M tokens, fewer batches
+    python tools/bench_loader.py --only dataflow,memmap
 """
 
 from __future__ import annotations
@@ -14,149 +18,199 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import statistics
+import shutil
 import sys
 import time
 
-import numpy as np
-import torch
-
-from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset
-from dataflow.formats.manifest import read_manifest
-from dataflow.formats.reader import iter_documents
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tools.peers.common import Ctx  # noqa: E402
+from tools.peers.procs import last_error, machine, run_measured  # noqa: E402
+
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
-B, L = 8, 2048
+HARNESS = os.path.join(ROOT, "tools", "peers", "harness.py")
+
+# (peer module, setting, label); order = table order
+CASES = [
+    ("memmap", "get_batch", "np.memmap get_batch (ceiling)"),
+    ("dataflow", "zstd", "dataflow, zstd Arrow"),
+    ("dataflow", "none", "dataflow, uncompressed Arrow"),
+    ("dataflow", "tar", "dataflow, .tar.zst"),
+    ("litdata", "tokens", "LitData (TokensLoader)"),
+    ("webdataset", "tar", "WebDataset (tar)"),
+    ("hf_datasets", "map", "HF datasets, map-style"),
+    ("hf_datasets", "iterable", "HF datasets, to_iterable_dataset"),
+    ("torchdata", "memmap", "torchdata StatefulDataLoader (memmap)"),
+    ("mosaic", "mds", "MosaicML Streaming (MDS)"),
+]
+OURS = "dataflow"
+CEILING = "memmap"
 
 
-def prepare(work: str, tokens: float) -> dict[str, str]:
-    """GPT-2-tokenized KJV, replicated: as zstd Arrow, plain Arrow, tar.zst, and a flat .bin for memmap."""
-    paths = {"zstd": f"{work}/arrow-zstd", "none": f"{work}/arrow-none", "tar": f"{work}/tar-zstd",
-             "bin": f"{work}/tokens.bin"}
-    if all(os.path.exists(os.path.join(p, "index.json")) or p.endswith(".bin") and os.path.exists(p)
-           for p in paths.values()):
-        return paths
+def prepare_ours(ctx: Ctx, tokens: float) -> None:
+    """GPT-2-tokenized KJV, replicated: zstd Arrow, uncompressed Arrow, tar.zst, and a flat uint16 file."""
+    marker = ctx.path(".prepared")
+    if os.path.exists(marker):
+        return
+    import numpy as np
+
+    from dataflow import ShardWriter
+    from dataflow.formats.manifest import read_manifest
+    from dataflow.formats.reader import iter_documents
     from dataflow.preprocess.run import TokenizeConfig, tokenize
 
-    base = f"{work}/kjv-gpt2"
+    base = ctx.path("kjv-gpt2")
     if not os.path.exists(os.path.join(base, "index.json")):
         tokenize(TokenizeConfig(inputs=[f"{SHARED}/corpus/kjv.jsonl.zst"], out=base,
                                 tokenizer=f"{SHARED}/tokenizers/gpt2/tokenizer.json", workers=2, progress=False))
     m = read_manifest(base)
     docs = [(i, t) for i, t in iter_documents(base, m)]
-    copies = max(1, int(tokens // m.tokens))
-    writers = {k: ShardWriter(paths[k], tokenizer_meta=m.tokenizer, format="tar" if k == "tar" else "arrow",
-                              compression="none" if k == "none" else "zstd", shard_size="64MB") for k in ("zstd", "none", "tar")}
-    with open(paths["bin"], "wb") as flat:
+    copies = max(1, round(tokens / m.tokens))
+    for p in ctx.ours.values():
+        shutil.rmtree(p, ignore_errors=True)
+    writers = [ShardWriter(ctx.ours[k], tokenizer_meta=m.tokenizer, format="tar" if k == "tar" else "arrow",
+                           compression="none" if k == "none" else "zstd", shard_size="64MB")
+               for k in ("zstd", "none", "tar")]
+    with open(ctx.bin, "wb") as flat:
         for c in range(copies):
             for doc_id, toks in docs:
-                for w in writers.values():
+                for w in writers:
                     w.write(toks, id=f"{c}-{doc_id}")
                 flat.write(toks.astype(np.uint16).tobytes())
-    for w in writers.values():
+    for w in writers:
         w.close()
-    return paths
+    with open(marker, "w") as f:
+        f.write(f"{copies * m.tokens}\n")
 
 
-def memmap_reader(path: str, batches: int):
-    """nanoGPT's get_batch: random windows from a memmap, stacked as int64."""
-    data = np.memmap(path, dtype=np.uint16, mode="r")
-    rng = np.random.default_rng(0)
-    for _ in range(batches):
-        ix = rng.integers(0, len(data) - (L + 1), B)
-        yield torch.from_numpy(np.stack([data[i:i + L + 1].astype(np.int64) for i in ix]))
-
-
-class MemmapWindows(torch.utils.data.Dataset):
-    def __init__(self, path: str):
-        self.path, self.data = path, None
-        self.n = os.path.getsize(path) // 2 // (L + 1)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.data is None:
-            self.data = np.memmap(self.path, dtype=np.uint16, mode="r")
-        return torch.from_numpy(self.data[i * L:i * L + L + 1].astype(np.int64))
-
-
-def timed(make, batches: int, repeats: int) -> dict:
-    """tokens/s over `batches` batches (median of repeats), time to first batch, main-process CPU/batch."""
-    rates, firsts, cpus = [], [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        c0 = time.process_time()
-        it = iter(make())
-        n = 0
-        first = None
-        for batch in it:
-            if first is None:
-                first = time.perf_counter() - t0
-                t1, c1 = time.perf_counter(), time.process_time()
-            n += 1
-            if n >= batches:
-                break
-        dt = time.perf_counter() - t1
-        cpus.append((time.process_time() - c1) / max(n - 1, 1))
-        close = getattr(it, "close", None)
-        if close:
-            close()
-        rates.append((n - 1) * B * (L + 1) / dt)
-        firsts.append(first)
-    return {"tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "first_batch_s": statistics.median(firsts), "main_cpu_ms_per_batch": 1e3 * statistics.median(cpus)}
+def fmt_rate(r: dict) -> str:
+    return f"{r['tokens_per_s'] / 1e6:7.1f}M ({r['min'] / 1e6:.1f}-{r['max'] / 1e6:.1f})"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=float, default=200e6)
-    p.add_argument("--work", default=os.path.join(ROOT, "bench-out", "loader"))
-    p.add_argument("--batches", type=int, default=1500)
+    p.add_argument("--work", default=None, help="data folder (default bench-out/loader-<tokens>)")
+    p.add_argument("--batches", type=int, default=0, help="batches per timed pass (default: one epoch)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="fewer batches and repeats")
-    p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--max-seconds", type=float, default=30.0, help="a timed pass stops after this long")
+    p.add_argument("--timeout", type=float, default=900.0, help="per tool and setting (subprocess)")
+    p.add_argument("--workers", default="0,2")
+    p.add_argument("--only", default=None, help="comma-separated peer modules (memmap, dataflow, litdata, ...)")
+    p.add_argument("--quick", action="store_true", help="20M tokens, 10 s cap per pass")
+    p.add_argument("--json", default=os.path.join(ROOT, "bench-out", "results", "loader.json"))
     args = p.parse_args()
     if args.quick:
-        args.batches, args.repeats = 400, 3
-    paths = prepare(args.work, args.tokens)
-    n = args.batches
-    ours = lambda path, workers: lambda: StreamingDataLoader(  # noqa: E731
-        StreamingDataset(path, seq_len=L, seed=0), batch_size=B, num_workers=workers)
-    cases = {
-        "memmap get_batch (ceiling, in-process)": lambda: memmap_reader(paths["bin"], n + 1),
-        "dataflow zstd Arrow, in-process": ours(paths["zstd"], 0),
-        "dataflow plain Arrow, in-process": ours(paths["none"], 0),
-        "dataflow tar.zst, in-process": ours(paths["tar"], 0),
-        "torch DataLoader memmap, 2 workers": lambda: torch.utils.data.DataLoader(
-            MemmapWindows(paths["bin"]), batch_size=B, shuffle=True, num_workers=2),
-        "dataflow zstd Arrow, 2 workers": ours(paths["zstd"], 2),
-        "dataflow plain Arrow, 2 workers": ours(paths["none"], 2),
-    }
-    results = {}
-    for name, make in cases.items():
-        results[name] = r = timed(make, n, args.repeats)
-        print(f"{name:<42} {r['tokens_per_s'] / 1e6:7.1f}M tok/s ({r['min'] / 1e6:.0f}-{r['max'] / 1e6:.0f})  "
-              f"first batch {r['first_batch_s']:.3f} s  main CPU {r['main_cpu_ms_per_batch']:.3f} ms/batch", flush=True)
-    ceiling = results["memmap get_batch (ceiling, in-process)"]["tokens_per_s"]
-    torch_dl = results["torch DataLoader memmap, 2 workers"]
+        args.tokens, args.max_seconds, args.timeout = min(args.tokens, 20e6), 10.0, 240.0
+    ctx = Ctx(args.work or os.path.join(ROOT, "bench-out", f"loader-{args.tokens / 1e6:.0f}M"))
+    os.makedirs(ctx.work, exist_ok=True)
+    only = set(args.only.split(",")) if args.only else None
+    cases = [c for c in CASES if only is None or c[0] in only]
+    workers = [int(w) for w in args.workers.split(",")]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
+
+    t0 = time.perf_counter()
+    prepare_ours(ctx, args.tokens)
+    with open(ctx.path(".prepared")) as f:
+        tokens = int(f.read())
+    # A pass is one epoch by default: ours decompresses a block of shards once per epoch, as any shard-based
+    # reader does; a shorter pass would charge a whole block's decompression to a fraction of its batches.
+    args.batches = args.batches or (tokens - 1) // 2048 // 8
+    print(f"corpus: {tokens / 1e6:.0f}M GPT-2 tokens (KJV replicated), batches of 8 x 2049 int64, "
+          f"{args.repeats} timed passes of {args.batches} batches (one epoch) or {args.max_seconds:.0f} s per case; "
+          f"prepared in {time.perf_counter() - t0:.0f} s", flush=True)
+
+    failed: dict[str, str] = {}
+    for peer in dict.fromkeys(c[0] for c in cases):
+        t1 = time.perf_counter()
+        r = run_measured([sys.executable, HARNESS, "loader-prepare", peer, "--work", ctx.work], args.timeout * 2, env)
+        if r["rc"] != 0:
+            failed[peer] = "prepare: " + ("timed out" if r["rc"] == "timeout" else last_error(r["log"]))
+            print(f"  {peer}: preparation FAILED: {failed[peer]}", flush=True)
+        elif time.perf_counter() - t1 > 1:
+            print(f"  {peer}: prepared its format in {time.perf_counter() - t1:.0f} s", flush=True)
+
+    results = []
+    print(f"\n{'tool, setting':<40} {'workers':>7} {'tokens/s (min-max)':>22} {'first batch':>11} {'peak MB':>8} "
+          f"{'disk MB':>8}", flush=True)
+    for w in workers:
+        for peer, setting, label in cases:
+            if peer == CEILING and w:
+                continue  # get_batch runs in the training process
+            row = {"peer": peer, "setting": setting, "label": label, "workers": w}
+            if peer in failed:
+                row["error"] = failed[peer]
+            else:
+                out = os.path.join(ctx.work, f"result-{peer}-{setting}-{w}.json")
+                if os.path.exists(out):
+                    os.remove(out)
+                cmd = [sys.executable, HARNESS, "loader-run", peer, setting, "--work", ctx.work, "--workers", str(w),
+                       "--batches", str(args.batches), "--repeats", str(args.repeats),
+                       "--max-seconds", str(args.max_seconds), "--out", out]
+                r = run_measured(cmd, args.timeout, env)
+                res = {}
+                if os.path.exists(out):
+                    with open(out) as f:
+                        res = json.load(f)
+                if r["rc"] == "timeout":
+                    res = {"error": f"timed out after {args.timeout:.0f} s"}
+                elif r["rc"] != 0 and "error" not in res:
+                    res = {"error": f"exit {r['rc']}: {last_error(r['log'])}"}
+                row.update(res, peak_mb=r["peak_mb"])
+            results.append(row)
+            if "error" in row:
+                print(f"{label:<40} {w:>7} FAILED: {row['error']}", flush=True)
+            else:
+                print(f"{label:<40} {w:>7} {fmt_rate(row):>22} {row['first_batch_s']:>10.3f}s {row['peak_mb']:>8.0f} "
+                      f"{row['disk_bytes'] / 1e6:>8.0f}", flush=True)
+
+    ratios = compute_ratios(results)
     print("\nratios (same run)")
-    for name in ("dataflow zstd Arrow, in-process", "dataflow plain Arrow, in-process", "dataflow tar.zst, in-process"):
-        print(f"  {name:<40} {results[name]['tokens_per_s'] / ceiling:5.2f}x the memmap ceiling")
-    for name in ("dataflow zstd Arrow, 2 workers", "dataflow plain Arrow, 2 workers"):
-        r = results[name]
-        print(f"  {name:<40} {r['tokens_per_s'] / torch_dl['tokens_per_s']:5.2f}x torch DataLoader (2 workers), "
-              f"{r['tokens_per_s'] / ceiling:4.2f}x the ceiling, main CPU/batch "
-              f"{r['main_cpu_ms_per_batch'] / max(torch_dl['main_cpu_ms_per_batch'], 1e-9):.2f}x torch's")
-    print(f"  peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB; "
-          f"bytes on disk: " + ", ".join(f"{k} {sum(s.bytes for s in read_manifest(v).shards) / 1e6:.0f} MB"
-                                         for k, v in paths.items() if k != "bin"))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    for line in ratios["lines"]:
+        print("  " + line)
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"tokens": tokens, "batches": args.batches, "repeats": args.repeats, "max_seconds": args.max_seconds,
+                   "quick": args.quick, "machine": machine(), "results": results, "ratios": ratios,
+                   "command": "python tools/bench_loader.py" + (" --quick" if args.quick else "")}, f, indent=1)
+    print(f"\nresults: {os.path.relpath(args.json, ROOT)}")
     return 0
+
+
+def compute_ratios(results: list[dict]) -> dict:
+    ok = [r for r in results if "error" not in r]
+    get = lambda peer, setting, w: next((r for r in ok if (r["peer"], r["setting"], r["workers"]) == (peer, setting, w)), None)  # noqa: E731
+    ceiling = get(CEILING, "get_batch", 0)
+    out: dict = {"lines": []}
+    for setting, name, target in (("zstd", "zstd Arrow", 0.5), ("none", "uncompressed Arrow", 0.8), ("tar", ".tar.zst", None)):
+        r = get(OURS, setting, 0)
+        if r and ceiling:
+            x = r["tokens_per_s"] / ceiling["tokens_per_s"]
+            out[f"ceiling_{setting}"] = x
+            goal = f" (target >= {target:.0%}: {'met' if x >= target else 'NOT met'})" if target else ""
+            out["lines"].append(f"ours in-process, {name}: {x:.0%} of the memmap ceiling{goal}")
+    for w in sorted({r["workers"] for r in ok}):
+        peers = [r for r in ok if r["peer"] not in (OURS, CEILING) and r["workers"] == w]
+        if not peers:
+            continue
+        best = max(peers, key=lambda r: r["tokens_per_s"])
+        for setting in ("zstd", "none"):
+            r = get(OURS, setting, w)
+            if r:
+                x = r["tokens_per_s"] / best["tokens_per_s"]
+                out[f"peer_{setting}_{w}"] = x
+                out[f"best_peer_{w}"] = best["label"]
+                goal = f" (target >= 3x: {'met' if x >= 3 else 'NOT met'})" if w == 2 else ""
+                out["lines"].append(f"ours {w} workers, {'zstd' if setting == 'zstd' else 'uncompressed'} Arrow: "
+                                    f"{x:.2f}x the fastest peer with {w} workers ({best['label']}){goal}")
+    firsts = [(r["label"], r["workers"], r["first_batch_s"]) for r in ok if r["peer"] == OURS]
+    if firsts:
+        worst = max(firsts, key=lambda f: f[2])
+        out["first_batch_max"] = worst[2]
+        out["lines"].append(f"ours, slowest time to first batch: {worst[2]:.3f} s ({worst[0]}, {worst[1]} workers; "
+                            f"target < 1 s: {'met' if worst[2] < 1 else 'NOT met'})")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,164 +1,180 @@
-"""Tokenize throughput and memory: our pipeline against the raw engine it runs, on the same cores.
+"""Tokenize throughput: ours against the raw engines and the peers, same corpus, same run, same machine.
 
-The corpus is the KJV replicated to --mb megabytes of plain JSONL, tokenized with the GPT-2
-`tokenizer.json`. Figures are MB of text per second, printed as ratios against the raw engines
-measured in the same run (tiktoken's `encode_ordinary_batch`, tokenizers' `encode_batch`, one
-thread per process, as many processes as workers). Peak RSS is measured for 10x more documents to
-show that memory does not grow with the input.
+The corpus is the KJV replicated to --mb megabytes of JSONL (one file per copy, ids made unique), tokenized
+with the GPT-2 `tokenizer.json`, with 1 and 2 workers. Each tool runs in its own subprocess
+(tools/peers/harness.py) with one engine thread per worker process (RAYON_NUM_THREADS=1,
+TOKENIZERS_PARALLELISM=false); its time is taken inside that process around the tool's own call (imports
+excluded, reading, tokenizing and writing included); its memory is the peak PSS of its process tree. Every
+tool's output is read back and its documents compared, as a multiset of token-id sequences, with
+`tokenizers`' ids for the same texts.
 
-    python tools/bench_tokenize.py --mb 100          # full
-    python tools/bench_tokenize.py --mb 20 --quick   # a few minutes
+    python tools/bench_tokenize.py            # full: 100 MB
+    python tools/bench_tokenize.py --quick    # 30 MB
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
-import multiprocessing as mp
 import os
-import resource
-import subprocess
 import sys
 import time
 
-import zstandard
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tools.peers.procs import last_error, machine, run_measured  # noqa: E402
+
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
-GPT2 = os.path.join(SHARED, "tokenizers", "gpt2", "tokenizer.json")
+HARNESS = os.path.join(ROOT, "tools", "peers", "harness.py")
+
+# (peer module, setting, label); the first row is the reference for the token-id check
+CASES = [
+    ("raw_tokenizers", "tokenizers", "raw tokenizers encode_batch"),
+    ("raw_tokenizers", "tiktoken", "raw tiktoken encode_ordinary_batch"),
+    ("dataflow", "auto", "dataflow tokenize"),
+    ("dataflow", "hf", "dataflow tokenize --engine hf"),
+    ("litdata", "optimize", "LitData optimize()"),
+    ("datatrove", "tokenizer", "datatrove DocumentTokenizer"),
+]
+RAW = "raw_tokenizers"
+OURS = ("dataflow", "auto")
 
 
-def kjv_lines() -> list[bytes]:
+def write_corpus(work: str, mb: float) -> tuple[int, int]:
+    """One JSONL file per copy of the KJV; returns (JSONL bytes, UTF-8 bytes of the texts)."""
+    import zstandard
+
+    d = os.path.join(work, "input")
     with open(os.path.join(SHARED, "corpus", "kjv.jsonl.zst"), "rb") as f:
-        return zstandard.ZstdDecompressor().stream_reader(f).read().splitlines(keepends=True)
-
-
-def write_corpus(path: str, mb: float) -> int:
-    lines = kjv_lines()
-    size = sum(len(x) for x in lines)
-    copies = max(1, int(mb * 1e6 // size))
-    with open(path, "wb") as f:
-        for c in range(copies):
+        lines = zstandard.ZstdDecompressor().stream_reader(f).read().splitlines(keepends=True)
+    copies = max(1, round(mb * 1e6 / sum(len(x) for x in lines)))
+    text = sum(len(json.loads(x)["text"].encode()) for x in lines) * copies
+    if os.path.isdir(d) and len(os.listdir(d)) == copies:
+        return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)), text
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        os.remove(os.path.join(d, f))
+    for c in range(copies):
+        with open(os.path.join(d, f"part-{c:04d}.jsonl"), "wb") as f:
             for line in lines:
                 f.write(line.replace(b'"id": "', f'"id": "{c}-'.encode(), 1))
-    return os.path.getsize(path)
-
-
-def write_small_docs(path: str, n: int) -> None:
-    """n short generated documents (memory must not grow with their number)."""
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"text": f"document {i} says hello to {i * 7919 % 100003}"}) + "\n")
-
-
-_ENGINE = None
-
-
-def _init(kind: str) -> None:
-    global _ENGINE
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    if kind == "tokenizers":
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(GPT2)
-        tok.encode_special_tokens = True
-        _ENGINE = lambda texts: tok.encode_batch(texts, add_special_tokens=False)  # noqa: E731
-    else:
-        from dataflow.preprocess.tokenizers import load_tokenizer
-
-        enc = load_tokenizer(GPT2, engine="tiktoken")._enc
-        _ENGINE = lambda texts: enc.encode_ordinary_batch(texts, num_threads=1)  # noqa: E731
-
-
-def _encode(texts: list[str]) -> int:
-    return sum(len(ids) for ids in _ENGINE(texts))
-
-
-def raw_engine(kind: str, path: str, procs: int) -> float:
-    """MB/s of the bare engine over the corpus texts (already parsed), `procs` processes."""
-    with open(path, "rb") as f:
-        texts = [json.loads(line)["text"] for line in f]
-    chunks = [texts[i:i + 256] for i in range(0, len(texts), 256)]
-    nbytes = sum(len(t.encode()) for t in texts)
-    with mp.get_context("fork").Pool(procs, initializer=_init, initargs=(kind,)) as pool:
-        pool.map(_encode, chunks[:procs])  # warm up
-        t0 = time.perf_counter()
-        pool.map(_encode, chunks, chunksize=4)
-        return nbytes / 1e6 / (time.perf_counter() - t0)
-
-
-def ours(path: str, out: str, workers: int, tokenizer: str = GPT2, engine: str = "auto") -> dict:
-    env = dict(os.environ, RAYON_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "dataflow", "tokenize", path, "-o", out, "--tokenizer", tokenizer, "--engine", engine,
-           "--workers", str(workers), "--overwrite", "--no-progress", "--json", "--unit-size", "4MB"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    if p.returncode:
-        raise SystemExit(p.stderr)
-    summary = json.loads(p.stdout)
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"mb_per_s": os.path.getsize(path) / 1e6 / wall, "engine": summary["engine"], "wall_s": wall,
-            "peak_rss_mb": max(rss, before) / 1024, "tokens": summary["tokens"]}
-
-
-def peak_rss_of(path: str, out: str) -> float:
-    """Peak RSS (MB) of the whole tokenize process tree, measured by the kernel via /usr/bin/time-like wait4."""
-    cmd = [sys.executable, "-m", "dataflow", "tokenize", path, "-o", out, "--workers", "2", "--overwrite",
-           "--no-progress", "--json", "--unit-size", "4MB"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status:
-        raise SystemExit(proc.stderr.read().decode())
-    return usage.ru_maxrss / 1024
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)), text
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=float, default=100)
-    p.add_argument("--docs", type=int, default=1_000_000, help="documents for the memory check (and 10x that)")
-    p.add_argument("--work", default=os.path.join(ROOT, "bench-out", "tokenize"))
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--work", default=None, help="default bench-out/tokenize-<MB>M")
+    p.add_argument("--workers", default="1,2")
+    p.add_argument("--only", default=None, help="comma-separated peer modules")
+    p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--quick", action="store_true", help="30 MB")
+    p.add_argument("--json", default=os.path.join(ROOT, "bench-out", "results", "tokenize.json"))
     args = p.parse_args()
     if args.quick:
-        args.docs = min(args.docs, 200_000)
-    os.makedirs(args.work, exist_ok=True)
-    corpus = os.path.join(args.work, "kjv.jsonl")
-    size = write_corpus(corpus, args.mb)
-    print(f"corpus: {size / 1e6:.0f} MB of JSONL (KJV replicated), GPT-2 tokenizer.json, {os.cpu_count()} CPUs")
-    rows = {}
-    for procs in (1, 2):
-        rows[f"raw tokenizers encode_batch, {procs} proc"] = raw_engine("tokenizers", corpus, procs)
-        rows[f"raw tiktoken encode_ordinary_batch, {procs} proc"] = raw_engine("tiktoken", corpus, procs)
-        r = ours(corpus, os.path.join(args.work, f"out-{procs}"), procs)
-        rows[f"dataflow tokenize --workers {procs} (engine {r['engine']})"] = r["mb_per_s"]
-        r = ours(corpus, os.path.join(args.work, f"out-hf-{procs}"), procs, engine="hf")
-        rows[f"dataflow tokenize --workers {procs} --engine hf"] = r["mb_per_s"]
-    for name, mbs in rows.items():
-        print(f"  {name:<52} {mbs:7.2f} MB/s")
+        args.mb, args.timeout = min(args.mb, 30), 300.0
+    work = args.work or os.path.join(ROOT, "bench-out", f"tokenize-{args.mb:.0f}M")
+    os.makedirs(work, exist_ok=True)
+    jsonl, text = write_corpus(work, args.mb)
+    print(f"corpus: {jsonl / 1e6:.0f} MB of JSONL ({text / 1e6:.0f} MB of text; KJV replicated), GPT-2 tokenizer.json, "
+          f"{os.cpu_count()} CPUs, one engine thread per process", flush=True)
+    env = dict(os.environ, RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore",
+               BENCH_GPT2_JSON=os.path.join(SHARED, "tokenizers", "gpt2", "tokenizer.json"))
+    only = set(args.only.split(",")) if args.only else None
+    cases = [c for c in CASES if only is None or c[0] in only]
+    results = []
+    ref_hashes: dict[int, collections.Counter] = {}
+    print(f"\n{'tool':<36} {'workers':>7} {'MB text/s':>10} {'Mtok/s':>8} {'cores':>6} {'peak MB':>8} "
+          f"{'ids vs tokenizers':>18}",
+          flush=True)
+    for w in [int(x) for x in args.workers.split(",")]:
+        for peer, setting, label in cases:
+            out = os.path.join(work, f"result-{peer}-{setting}-{w}.json")
+            for f in (out, out + ".hashes.json"):
+                if os.path.exists(f):
+                    os.remove(f)
+            cmd = [sys.executable, HARNESS, "tokenize-run", peer, setting, "--work", work, "--workers", str(w), "--out", out]
+            r = run_measured(cmd, args.timeout, env)
+            row = {"peer": peer, "setting": setting, "label": label, "workers": w, "peak_mb": r["peak_mb"]}
+            res = {}
+            if os.path.exists(out):
+                with open(out) as f:
+                    res = json.load(f)
+            if r["rc"] == "timeout":
+                res = {"error": f"timed out after {args.timeout:.0f} s"}
+            elif r["rc"] != 0 and "error" not in res:
+                res = {"error": f"exit {r['rc']}: {last_error(r['log'])}"}
+            row.update(res)
+            if "error" not in row:
+                row["mb_per_s"] = text / 1e6 / row["seconds"]
+                row["tokens_per_s"] = row["tokens"] / row["seconds"]
+                with open(out + ".hashes.json") as f:
+                    hashes = collections.Counter(json.load(f))
+                if peer == RAW and setting == "tokenizers":
+                    ref_hashes[w] = hashes
+                ref = ref_hashes.get(w) or next(iter(ref_hashes.values()), None)
+                if ref is None:
+                    row["ids"] = "no reference"
+                else:
+                    diff = sum((hashes - ref).values()) + sum((ref - hashes).values())
+                    row["ids_identical"] = diff == 0
+                    row["ids"] = (f"identical ({row['docs']:,} docs)" if diff == 0 else
+                                  f"DIFFER ({sum((hashes - ref).values())} of {row['docs']:,} docs)")
+            results.append(row)
+            if "error" in row:
+                print(f"{label:<36} {w:>7} FAILED: {row['error']}", flush=True)
+            else:
+                cores = f"{row['cpu_s'] / row['seconds']:.2f}" if "cpu_s" in row else "-"
+                print(f"{label:<36} {w:>7} {row['mb_per_s']:>10.2f} {row['tokens_per_s'] / 1e6:>8.2f} {cores:>6} "
+                      f"{row['peak_mb']:>8.0f} {row['ids']:>18}", flush=True)
+    ratios = compute_ratios(results)
     print("\nratios (same run)")
-    for w in (1, 2):
-        ours_t = rows[f"dataflow tokenize --workers {w} (engine tiktoken)"] if \
-            f"dataflow tokenize --workers {w} (engine tiktoken)" in rows else None
-        raw_t = rows[f"raw tiktoken encode_ordinary_batch, {w} proc"]
-        raw_h = rows[f"raw tokenizers encode_batch, {w} proc"]
-        ours_h = rows[f"dataflow tokenize --workers {w} --engine hf"]
-        if ours_t:
-            print(f"  {w} worker(s): ours (tiktoken) = {ours_t / raw_t:.2f}x raw tiktoken, {ours_t / raw_h:.2f}x raw "
-                  f"tokenizers (the speed of tokenizers-bound pipelines)")
-        print(f"  {w} worker(s): ours (--engine hf) = {ours_h / raw_h:.2f}x raw tokenizers")
-    key = "dataflow tokenize --workers {} (engine tiktoken)"
-    if key.format(1) in rows and key.format(2) in rows:
-        print(f"  scaling 1 -> 2 workers: {rows[key.format(2)] / rows[key.format(1)]:.2f}x")
-    small, big = os.path.join(args.work, "docs-1x.jsonl"), os.path.join(args.work, "docs-10x.jsonl")
-    write_small_docs(small, args.docs)
-    write_small_docs(big, 10 * args.docs)
-    r1 = peak_rss_of(small, os.path.join(args.work, "mem-1x"))
-    r10 = peak_rss_of(big, os.path.join(args.work, "mem-10x"))
-    print(f"  peak RSS: {r1:.0f} MB for {args.docs:,} documents, {r10:.0f} MB for {10 * args.docs:,} "
-          f"({r10 / r1:.2f}x for 10x the input)")
+    for line in ratios["lines"]:
+        print("  " + line)
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"jsonl_bytes": jsonl, "text_bytes": text, "quick": args.quick, "machine": machine(),
+                   "results": results, "ratios": ratios,
+                   "command": "python tools/bench_tokenize.py" + (" --quick" if args.quick else "")}, f, indent=1)
+    print(f"\nresults: {os.path.relpath(args.json, ROOT)}")
     return 0
+
+
+def compute_ratios(results: list[dict]) -> dict:
+    ok = [r for r in results if "error" not in r]
+    get = lambda peer, setting, w: next((r for r in ok if (r["peer"], r["setting"], r["workers"]) == (peer, setting, w)), None)  # noqa: E731
+    out: dict = {"lines": []}
+    for w in sorted({r["workers"] for r in ok}):
+        ours = get(*OURS, w)
+        if not ours:
+            continue
+        engine = ours.get("engine") or "tiktoken"
+        raw = get(RAW, "tiktoken" if "tiktoken" in str(engine) else "tokenizers", w)
+        if raw:
+            x = ours["mb_per_s"] / raw["mb_per_s"]
+            out[f"raw_{w}"] = x
+            out["lines"].append(f"{w} worker(s): ours ({engine}) = {x:.0%} of its raw engine "
+                                f"(target >= 90%: {'met' if x >= 0.9 else 'NOT met'})")
+        peers = [r for r in ok if r["peer"] not in (RAW, OURS[0]) and r["workers"] == w]
+        if peers:
+            best = max(peers, key=lambda r: r["mb_per_s"])
+            x = ours["mb_per_s"] / best["mb_per_s"]
+            same = ours.get("ids_identical") and best.get("ids_identical")
+            out[f"peer_{w}"], out[f"best_peer_{w}"] = x, best["label"]
+            out["lines"].append(f"{w} worker(s): ours = {x:.2f}x the fastest peer ({best['label']}); token ids "
+                                f"{'identical' if same else 'NOT identical'} (target >= 4x: {'met' if x >= 4 and same else 'NOT met'})")
+        hf = get(OURS[0], "hf", w)
+        if hf and peers:
+            out["lines"].append(f"{w} worker(s): ours with --engine hf (the peers' engine) = "
+                                f"{hf['mb_per_s'] / best['mb_per_s']:.2f}x the fastest peer")
+    a, b = get(*OURS, 1), get(*OURS, 2)
+    if a and b:
+        x = b["mb_per_s"] / a["mb_per_s"]
+        out["scaling"] = x
+        out["lines"].append(f"ours, 1 -> 2 workers: {x:.2f}x (target >= 1.8x: {'met' if x >= 1.8 else 'NOT met'})")
+    return out
 
 
 if __name__ == "__main__":
