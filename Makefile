@@ -28,3 +28,6 @@ test: setup
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
+
+# make bench / make bench-quick: our numbers against the peers, in a separate environment
+include tools/bench.mk
