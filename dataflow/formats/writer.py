@@ -69,6 +69,7 @@ class ShardWriter:
         self.out = out
         self.meta = tokenizer_meta
         self.dtype = np.dtype(tokenizer_meta.dtype)
+        self._max_id = int(np.iinfo(self.dtype).max)  # an array already of `dtype` is in range by construction
         self.format = format
         self.compression = compression
         self.shard_size = parse_size(shard_size)
@@ -89,8 +90,8 @@ class ShardWriter:
         arr = np.asarray(tokens)
         if arr.ndim != 1:
             raise ConfigError(f"document {id!r}: tokens must be one-dimensional, got shape {arr.shape}")
-        if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(self.dtype).max):
-            raise ConfigError(f"document {id!r}: token ids must lie in [0, {np.iinfo(self.dtype).max}]")
+        if arr.dtype != self.dtype and arr.size and (arr.min() < 0 or arr.max() > self._max_id):
+            raise ConfigError(f"document {id!r}: token ids must lie in [0, {self._max_id}]")
         self._docs.append(arr.astype(self.dtype, copy=False))
         self._ids.append(str(self._written_docs) if id is None else str(id))
         self._written_docs += 1

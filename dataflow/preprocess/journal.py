@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.writer import ShardWriter
 
 JOURNAL_NAME = "journal.json"
+_HEADER = struct.Struct("<IQ")  # a spilled document: id length, token count; then the id, then the tokens
 
 
 @dataclass
@@ -69,9 +71,9 @@ class SpilledWriter:
         self.spill = open(self._spill_path(self.spill_index), "wb")  # a stale spill from a crash is discarded
 
     def write(self, tokens: np.ndarray, doc_id: str) -> None:
-        header = json.dumps([doc_id, int(tokens.size), str(tokens.dtype)]).encode()
-        self.spill.write(len(header).to_bytes(4, "little") + header)
-        self.spill.write(np.ascontiguousarray(tokens).tobytes())
+        key = doc_id.encode()
+        tokens = tokens.astype(self.writer.dtype, copy=False)
+        self.spill.write(_HEADER.pack(len(key), tokens.size) + key + tokens.tobytes())
         if self.writer.write(tokens, id=doc_id) is not None:  # a shard was completed: start a new spill
             self.spill.close()
             self.stale.append(self._spill_path(self.spill_index))
@@ -102,10 +104,11 @@ class SpilledWriter:
             data = f.read()
         pos = 0
         while pos < len(data):
-            n = int.from_bytes(data[pos:pos + 4], "little")
-            doc_id, size, dtype = json.loads(data[pos + 4:pos + 4 + n])
-            pos += 4 + n
-            tokens = np.frombuffer(data, dtype=dtype, count=size, offset=pos)
+            n, size = _HEADER.unpack_from(data, pos)
+            pos += _HEADER.size
+            doc_id = data[pos:pos + n].decode()
+            pos += n
+            tokens = np.frombuffer(data, dtype=self.writer.dtype, count=size, offset=pos)
             pos += tokens.nbytes
             self.writer.write(tokens, id=doc_id)
         self.spill_index = self.writer.next_index
