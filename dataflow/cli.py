@@ -31,7 +31,8 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         text_field=args.text_field, id_field=args.id_field, format=args.format, compression=args.compression,
         zstd_level=args.zstd_level, shard_size=args.shard_size, workers=args.workers, seed=args.seed,
         val_fraction=args.val_fraction, eos=not args.no_eos, max_errors=args.max_errors,
-        unit_bytes=parse_size(args.unit_size), num_tasks=args.num_tasks, task_index=args.task_index, executor=args.executor,
+        unit_bytes=parse_size(args.unit_size) if args.unit_size else None, num_tasks=args.num_tasks,
+        task_index=args.task_index, executor=args.executor,
         overwrite=args.overwrite, progress=not args.no_progress)
     summary = tokenize(cfg).to_dict()
     if args.json:
@@ -122,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--val-fraction", type=float, default=0.0)
     t.add_argument("--no-eos", action="store_true", help="do not append EOS after each document")
     t.add_argument("--max-errors", type=int, default=100, help="bad records tolerated before failing")
-    t.add_argument("--unit-size", default="32MB", help="input bytes per work unit (uncompressed JSONL is cut "
-                   "into line-aligned ranges of this size)")
+    t.add_argument("--unit-size", default=None, help="input bytes per work unit (uncompressed JSONL is cut into "
+                   "line-aligned ranges of this size); default: about 4 units per worker, at most 32MB")
     t.add_argument("--num-tasks", type=int, default=1, help="split the job into K task slices (Slurm arrays, ...)")
     t.add_argument("--task-index", type=int, default=0, help="which slice this run does (0-based)")
     t.add_argument("--executor", default="local", choices=["local", "ray"])

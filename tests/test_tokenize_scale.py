@@ -163,3 +163,17 @@ def test_ray_executor_gives_the_same_bytes(corpus, tmp_path):
     finally:
         ray.shutdown()
     assert dataset_bytes(tmp_path / "ray") == dataset_bytes(tmp_path / "local")
+
+
+def test_automatic_unit_size_changes_no_output_byte(corpus, tmp_path):
+    def run(out, *extra):
+        args = [*DATAFLOW, "tokenize", str(corpus), "-o", str(out), "--no-progress", "--shard-size", "512KB",
+                "--json", *map(str, extra)]
+        p = subprocess.run(args, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["units"]
+
+    units = {run(tmp_path / "a", "--workers", "1"), run(tmp_path / "b", "--workers", "2", "--unit-size", "256KB"),
+             run(tmp_path / "c", "--workers", "2", "--unit-size", "64KB")}
+    assert len(units) == 3  # three different cuts of the input ...
+    assert dataset_bytes(tmp_path / "a") == dataset_bytes(tmp_path / "b") == dataset_bytes(tmp_path / "c")

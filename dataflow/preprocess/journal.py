@@ -30,6 +30,7 @@ class Progress:
     """Everything the commit loop needs to continue exactly where it stopped."""
 
     settings: dict[str, Any]
+    unit_bytes: int = 0  # the unit cut of this run: a resume must cut the input the same way
     next_unit: int = 0
     current_file: str | None = None
     records_before: int = 0  # records of current_file committed before next_unit

@@ -2,7 +2,9 @@
 
 Units are numbered in input order. Uncompressed JSONL is cut into byte ranges aligned to line ends
 (so one huge file spreads over all workers), Parquet into row groups, compressed files are whole units.
-The cut depends on the inputs and `unit_bytes` only, never on the number of workers.
+The cut depends on the inputs and `unit_bytes` only; by default `unit_bytes` is sized so that every
+worker gets several units (tail imbalance stays small), and a resumed run reuses the cut it started with.
+The cut never changes the output: documents are committed in input order whatever the units.
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ def _supports_ranges(fs, path: str) -> bool:
             return len(f.read(1)) == 1
     except (ValueError, OSError):
         return False
+
+
+MIN_UNIT_BYTES = 1 << 20
+
+
+def auto_unit_bytes(files: list[str], workers: int) -> int:
+    """About 4 units per worker for small inputs, DEFAULT_UNIT_BYTES for large ones."""
+    total = 0
+    for file in files:
+        fs, path = fsspec.core.url_to_fs(file)
+        total += int(fs.size(path) or 0)
+    return max(MIN_UNIT_BYTES, min(DEFAULT_UNIT_BYTES, total // (4 * max(workers, 1))))
 
 
 def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES) -> list[Unit]:

@@ -25,7 +25,7 @@ from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
 from dataflow.preprocess.executors import UnitOutput, run_units
 from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, plan_units
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, plan_units
 from dataflow.preprocess.sources import expand_inputs, read_unit
 from dataflow.preprocess.tokenizers import load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
@@ -51,7 +51,7 @@ class TokenizeConfig:
     val_fraction: float = 0.0
     eos: bool = True
     max_errors: int = 100
-    unit_bytes: int = DEFAULT_UNIT_BYTES
+    unit_bytes: int | None = None  # None: sized to the input and workers (fixed when num_tasks > 1)
     num_tasks: int = 1
     task_index: int = 0
     overwrite: bool = False
@@ -62,6 +62,8 @@ class TokenizeConfig:
         d = asdict(self)
         for k in ("out", "workers", "executor", "task_index", "overwrite", "progress"):
             d.pop(k)
+        if self.num_tasks == 1:  # the unit cut changes no output byte; only task slices depend on it
+            d.pop("unit_bytes")
         d["shard_size"] = parse_size(self.shard_size)
         return json.loads(json.dumps(d))
 
@@ -176,19 +178,23 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     cfg.check()
     started = time.perf_counter()
     files = expand_inputs(cfg.inputs)
-    all_units = plan_units(files, cfg.unit_bytes)
+    layout = Layout(cfg)
+    if cfg.overwrite:
+        layout.clear()
+    workers = cfg.workers or os.cpu_count() or 1
+    journaled = load_progress(layout.work)
+    unit_bytes = (journaled.unit_bytes if journaled and journaled.unit_bytes else cfg.unit_bytes
+                  or (DEFAULT_UNIT_BYTES if cfg.num_tasks > 1 else auto_unit_bytes(files, workers)))
+    all_units = plan_units(files, unit_bytes)
     tok = load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(all_units, cfg))
     lo = cfg.task_index * len(all_units) // cfg.num_tasks
     hi = (cfg.task_index + 1) * len(all_units) // cfg.num_tasks
     units = all_units[lo:hi]
-    layout = Layout(cfg)
-    if cfg.overwrite:
-        layout.clear()
     done = layout.finished_manifest()
     if done:
         _refuse_if_different(cfg, read_manifest(done).provenance.get("settings"), cfg.out)
         return _summary_of_finished(cfg, layout, tok, started)
-    progress = load_progress(layout.work)
+    progress = journaled
     if progress is not None:
         _refuse_if_different(cfg, progress.settings, cfg.out)
     elif os.path.isdir(cfg.out) and any(os.path.exists(os.path.join(layout.split_dir(s), MANIFEST_NAME))
@@ -211,7 +217,7 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
         writers[split] = SpilledWriter(w, layout.work, split)
     resumed_from = 0
     if progress is None:
-        progress = Progress(settings=cfg.output_settings())
+        progress = Progress(settings=cfg.output_settings(), unit_bytes=unit_bytes)
         for w in writers.values():
             w.start()
         with open(layout.errors, "w"):
@@ -226,7 +232,6 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     # a fallback decided here (from the sample) binds the workers; "auto" stays "auto" otherwise
     spec = UnitSpec(cfg.tokenizer, "hf" if tok.engine == "hf" else cfg.engine, cfg.text_field, cfg.id_field,
                     tok.meta.eos_id if cfg.eos else None, tok.meta.dtype)
-    workers = cfg.workers or os.cpu_count() or 1
     names = _display_names(files)
     todo = units[progress.next_unit:]
     bar = tqdm(total=sum(u.size for u in units), initial=sum(u.size for u in units[:progress.next_unit]),
