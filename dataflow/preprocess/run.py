@@ -205,8 +205,9 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     os.makedirs(layout.work, exist_ok=True)
 
     provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
-                  "task": {"index": cfg.task_index, "of": cfg.num_tasks, "units": [lo, hi]},
                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if layout.tasked:
+        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "units": [lo, hi]}
     writers: dict[str, SpilledWriter] = {}
     for split in layout.splits:
         os.makedirs(layout.writer_dir(split), exist_ok=True)
