@@ -130,6 +130,15 @@ class Layout:
         path = os.path.join(self.writer_dir("train"), MANIFEST_NAME)
         return path if os.path.exists(path) else None
 
+    def remove_partial_writes(self) -> None:
+        """Temp files of atomic writes that a killed run left behind (they never became shards)."""
+        for split in self.splits:
+            folder = self.writer_dir(split)
+            if os.path.isdir(folder):
+                for name in os.listdir(folder):
+                    if name.startswith(".") and name.endswith(".tmp"):
+                        os.remove(os.path.join(folder, name))
+
     def clear(self) -> None:
         """Remove this task's earlier output (for --overwrite)."""
         for path in [self.work, self.errors] + [self.writer_dir(s) for s in ("train", "val")]:
@@ -203,6 +212,7 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
             if os.path.exists(os.path.join(layout.split_dir("train"), MANIFEST_NAME)) else None
         _refuse_if_different(cfg, previous.provenance.get("settings") if previous else None, cfg.out)
     os.makedirs(layout.work, exist_ok=True)
+    layout.remove_partial_writes()
 
     provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
