@@ -38,13 +38,30 @@ def _file_output(stats: UnitStats, path: str) -> UnitOutput:
     return UnitOutput(stats, _read_stream(path), lambda: os.path.exists(path) and os.remove(path))
 
 
-def _warm(spec: UnitSpec) -> None:
+def _warm(tokenizer: str, engine: str) -> None:
     die_with_parent()
-    worker_tokenizer(spec)
+    worker_tokenizer(UnitSpec(tokenizer, engine, "", "", None, ""))
 
 
-def run_units(units: list[Unit], spec: UnitSpec, workers: int, executor: str, scratch: str) -> Iterator[UnitOutput]:
-    """Tokenize `units` and yield their outputs in unit order."""
+def _started() -> None:
+    """A no-op task: submitting one per worker makes the pool start them all now."""
+
+
+def start_local_pool(workers: int, tokenizer: str, engine: str) -> ProcessPoolExecutor:
+    """Worker processes that begin loading the tokenizer at once, while the main process prepares.
+
+    Their engine decision binds nothing: each unit's spec names the engine the main process chose,
+    and a worker loads that one if it differs.
+    """
+    pool = ProcessPoolExecutor(workers, initializer=_warm, initargs=(tokenizer, engine))
+    for _ in range(workers):
+        pool.submit(_started)
+    return pool
+
+
+def run_units(units: list[Unit], spec: UnitSpec, workers: int, executor: str, scratch: str,
+              pool: ProcessPoolExecutor | None = None) -> Iterator[UnitOutput]:
+    """Tokenize `units` and yield their outputs in unit order (on `pool` when one is given)."""
     os.makedirs(scratch, exist_ok=True)
     if executor == "ray":
         yield from _run_ray(units, spec, workers)
@@ -55,33 +72,34 @@ def run_units(units: list[Unit], spec: UnitSpec, workers: int, executor: str, sc
             path = os.path.join(scratch, f"unit-{u.index:08d}.arrows")
             yield _file_output(tokenize_unit_to_file(u, spec, path), path)
     else:
-        yield from _run_pool(units, spec, workers, scratch)
+        with pool or start_local_pool(workers, spec.tokenizer, spec.engine) as running:
+            yield from _run_pool(units, spec, workers, scratch, running)
 
 
-def _run_pool(units: list[Unit], spec: UnitSpec, workers: int, scratch: str) -> Iterator[UnitOutput]:
-    with ProcessPoolExecutor(workers, initializer=_warm, initargs=(spec,)) as pool:
-        pending: deque = deque()
-        todo = iter(units)
+def _run_pool(units: list[Unit], spec: UnitSpec, workers: int, scratch: str,
+              pool: ProcessPoolExecutor) -> Iterator[UnitOutput]:
+    pending: deque = deque()
+    todo = iter(units)
 
-        def submit() -> bool:
-            u = next(todo, None)
-            if u is None:
-                return False
-            path = os.path.join(scratch, f"unit-{u.index:08d}.arrows")
-            pending.append((pool.submit(tokenize_unit_to_file, u, spec, path), path))
-            return True
+    def submit() -> bool:
+        u = next(todo, None)
+        if u is None:
+            return False
+        path = os.path.join(scratch, f"unit-{u.index:08d}.arrows")
+        pending.append((pool.submit(tokenize_unit_to_file, u, spec, path), path))
+        return True
 
-        while len(pending) < workers + 2 and submit():
-            pass
-        try:
-            while pending:
-                future, path = pending.popleft()
-                stats = future.result()
-                submit()
-                yield _file_output(stats, path)
-        finally:
-            for future, _ in pending:
-                future.cancel()
+    while len(pending) < workers + 2 and submit():
+        pass
+    try:
+        while pending:
+            future, path = pending.popleft()
+            stats = future.result()
+            submit()
+            yield _file_output(stats, path)
+    finally:
+        for future, _ in pending:
+            future.cancel()
 
 
 def _run_ray(units: list[Unit], spec: UnitSpec, workers: int) -> Iterator[UnitOutput]:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ import dataflow
 from dataflow.errors import ConfigError, InputError
 from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
-from dataflow.preprocess.executors import UnitOutput, run_units
+from dataflow.preprocess.executors import UnitOutput, run_units, start_local_pool
 from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, plan_units
 from dataflow.preprocess.sources import expand_inputs, read_unit
@@ -191,6 +192,18 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     if cfg.overwrite:
         layout.clear()
     workers = cfg.workers or os.cpu_count() or 1
+    pool = None  # started now, so that workers load the tokenizer while this process plans
+    if cfg.executor == "local" and workers > 1 and not layout.finished_manifest():
+        pool = start_local_pool(workers, cfg.tokenizer, cfg.engine)
+    try:
+        return _tokenize(cfg, started, files, layout, workers, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int,
+              pool: ProcessPoolExecutor | None) -> Summary:
     journaled = load_progress(layout.work)
     unit_bytes = (journaled.unit_bytes if journaled and journaled.unit_bytes else cfg.unit_bytes
                   or (DEFAULT_UNIT_BYTES if cfg.num_tasks > 1 else auto_unit_bytes(files, workers)))
@@ -250,7 +263,7 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)
     with open(layout.errors, "a") as errlog:
-        for out in run_units(todo, spec, workers, cfg.executor, scratch):
+        for out in run_units(todo, spec, workers, cfg.executor, scratch, pool):
             unit = all_units[out.stats.index]
             _commit(out, unit, names[unit.file], cfg, progress, writers, errlog, layout.errors)
             progress.next_unit += 1
