@@ -3,7 +3,7 @@
 Generates N and 10*N short JSONL documents, tokenizes each with 2 workers, and prints the peak RSS
 of the whole process tree (the kernel's figure for the main process and its waited-for workers).
 
-    python tools/bench_tokenize_memory.py --docs 1000000      # 1M vs 10M documents
+    python tools/bench_tokenize_memory.py --docs 1000000      # 1M vs 10M documents, 32MB shards
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ def write_docs(path: str, n: int) -> int:
     return os.path.getsize(path)
 
 
-def peak_rss_mb(path: str, out: str, workers: int) -> tuple[float, float]:
+def peak_rss_mb(path: str, out: str, workers: int, shard_size: str, unit_size: str) -> tuple[float, float]:
     """(peak RSS of the tokenize process tree in MB, seconds)."""
     cmd = [sys.executable, "-m", "dataflow", "tokenize", path, "-o", out, "--workers", str(workers),
-           "--overwrite", "--no-progress", "--json"]
+           "--shard-size", shard_size, "--unit-size", unit_size, "--overwrite", "--no-progress", "--json"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -44,6 +44,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--docs", type=int, default=1_000_000)
     p.add_argument("--workers", type=int, default=2)
+    # Memory is bounded by one open shard and a few units in flight: both runs must be large enough to
+    # reach those bounds (1M short documents do not fill a 128MB shard), hence smaller defaults here.
+    p.add_argument("--shard-size", default="32MB")
+    p.add_argument("--unit-size", default="8MB")
     p.add_argument("--work", default=os.path.join(ROOT, "bench-out", "tokenize-memory"))
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -52,7 +56,8 @@ def main() -> int:
         n = factor * args.docs
         path = os.path.join(args.work, f"docs-{n}.jsonl")
         size = write_docs(path, n)
-        rss, secs = peak_rss_mb(path, os.path.join(args.work, f"out-{n}"), args.workers)
+        rss, secs = peak_rss_mb(path, os.path.join(args.work, f"out-{n}"), args.workers, args.shard_size,
+                                args.unit_size)
         rows.append((n, size, rss, secs))
         print(f"{n:>12,} documents ({size / 1e6:7.1f} MB): peak RSS {rss:7.1f} MB, {secs:6.1f} s", flush=True)
     print(f"peak RSS for 10x the input: {rows[1][2] / rows[0][2]:.2f}x")

@@ -8,7 +8,7 @@ token offset to its record batch from the footer alone, without decompressing an
 from __future__ import annotations
 
 import json
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -19,12 +19,13 @@ RECORD_BATCH_TOKENS = 1 << 21  # 2M tokens: 4 MB of uint16 per decompression
 LAYOUT_KEY = b"dataflow.batches"  # JSON [[documents, tokens], ...] per record batch
 
 
-def encode_arrow_shard(docs: Sequence[np.ndarray], ids: Sequence[str], dtype: str, compression: str,
+def encode_arrow_shard(values: np.ndarray, offsets: np.ndarray, ids: pa.Array, dtype: str, compression: str,
                        zstd_level: int | None = None) -> pa.Buffer:
-    """Serialise documents into the bytes of one Arrow IPC file."""
+    """Serialise documents (flat `values` cut at `offsets`, with their `ids`) into one Arrow IPC file."""
     arrow_type = pa.uint16() if dtype == "uint16" else pa.uint32()
-    groups = _record_batch_groups([len(d) for d in docs])
-    layout = [[stop - start, int(sum(len(d) for d in docs[start:stop]))] for start, stop in groups]
+    offsets = np.asarray(offsets, dtype=np.int64)
+    groups = _record_batch_groups(np.diff(offsets).tolist())
+    layout = [[stop - start, int(offsets[stop] - offsets[start])] for start, stop in groups]
     schema = pa.schema([("tokens", pa.list_(arrow_type)), ("id", pa.string())],
                        metadata={LAYOUT_KEY: json.dumps(layout).encode()})
     codec = None
@@ -34,14 +35,10 @@ def encode_arrow_shard(docs: Sequence[np.ndarray], ids: Sequence[str], dtype: st
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, schema, options=options) as writer:
         for start, stop in groups:
-            chunk = docs[start:stop]
-            lengths = np.fromiter((len(d) for d in chunk), dtype=np.int64, count=len(chunk))
-            offsets = np.zeros(len(chunk) + 1, dtype=np.int32)
-            np.cumsum(lengths, out=offsets[1:])
-            values = np.concatenate(chunk).astype(dtype, copy=False) if chunk else np.zeros(0, dtype)
-            tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=arrow_type))
-            writer.write_batch(pa.record_batch([tokens, pa.array(list(ids[start:stop]), pa.string())],
-                                               schema=schema))
+            local = (offsets[start:stop + 1] - offsets[start]).astype(np.int32)
+            chunk = values[offsets[start]:offsets[stop]].astype(dtype, copy=False)
+            tokens = pa.ListArray.from_arrays(pa.array(local), pa.array(chunk, type=arrow_type))
+            writer.write_batch(pa.record_batch([tokens, ids.slice(start, stop - start)], schema=schema))
     return sink.getvalue()
 
 
