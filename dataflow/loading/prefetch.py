@@ -145,17 +145,13 @@ class DevicePrefetcher:
                     item = self._to_device(batch, stream, ring)
                 if state_of is not None:  # the upstream's resume point right after this batch
                     item = (*item, state_of())
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-            self._put_final(_DONE)
+                self._put(item)
+            self._put(_DONE)
         except BaseException as e:  # handed to the consumer, raised there with its message
-            self._put_final(_Failure(e))
+            self._put(_Failure(e))
 
-    def _put_final(self, item: Any) -> None:
+    def _put(self, item: Any) -> None:
+        """Queue `item`, giving up when the consumer has stopped (never blocks a shutdown)."""
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)

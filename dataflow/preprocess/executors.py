@@ -40,7 +40,7 @@ def _file_output(stats: UnitStats, path: str) -> UnitOutput:
 
 def _warm(tokenizer: str, engine: str) -> None:
     die_with_parent()
-    worker_tokenizer(UnitSpec(tokenizer, engine, "", "", None, ""))
+    worker_tokenizer(tokenizer, engine)
 
 
 def _started() -> None:

@@ -46,21 +46,27 @@ def _supports_ranges(fs, path: str) -> bool:
 MIN_UNIT_BYTES = 1 << 20
 
 
-def auto_unit_bytes(files: list[str], workers: int) -> int:
-    """About 4 units per worker for small inputs, DEFAULT_UNIT_BYTES for large ones."""
-    total = 0
+def file_sizes(files: list[str]) -> list[int]:
+    """Bytes of each input (one metadata request per remote file)."""
+    sizes = []
     for file in files:
         fs, path = fsspec.core.url_to_fs(file)
-        total += int(fs.size(path) or 0)
-    return max(MIN_UNIT_BYTES, min(DEFAULT_UNIT_BYTES, total // (4 * max(workers, 1))))
+        sizes.append(int(fs.size(path) or 0))
+    return sizes
 
 
-def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES) -> list[Unit]:
+def auto_unit_bytes(total_bytes: int, workers: int) -> int:
+    """About 4 units per worker for small inputs, DEFAULT_UNIT_BYTES for large ones."""
+    return max(MIN_UNIT_BYTES, min(DEFAULT_UNIT_BYTES, total_bytes // (4 * max(workers, 1))))
+
+
+def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES, sizes: list[int] | None = None) -> list[Unit]:
+    """The units of `files` in input order (`sizes`, when known, saves asking for them again)."""
+    sizes = file_sizes(files) if sizes is None else sizes
     units: list[Unit] = []
-    for file in files:
+    for file, size in zip(files, sizes):
         kind = input_kind(file)
         fs, path = fsspec.core.url_to_fs(file)
-        size = int(fs.size(path) or 0)
         _, codec = split_compression(file)
         if kind == "jsonl" and codec is None and size > unit_bytes and _supports_ranges(fs, path):
             for start in range(0, size, unit_bytes):

@@ -26,7 +26,7 @@ from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
 from dataflow.preprocess.executors import UnitOutput, run_units, start_local_pool
 from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, plan_units
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, plan_units
 from dataflow.preprocess.sources import expand_inputs, read_unit
 from dataflow.preprocess.tokenizers import load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
@@ -205,9 +205,10 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
 def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int,
               pool: ProcessPoolExecutor | None) -> Summary:
     journaled = load_progress(layout.work)
+    sizes = file_sizes(files)
     unit_bytes = (journaled.unit_bytes if journaled and journaled.unit_bytes else cfg.unit_bytes
-                  or (DEFAULT_UNIT_BYTES if cfg.num_tasks > 1 else auto_unit_bytes(files, workers)))
-    all_units = plan_units(files, unit_bytes)
+                  or (DEFAULT_UNIT_BYTES if cfg.num_tasks > 1 else auto_unit_bytes(sum(sizes), workers)))
+    all_units = plan_units(files, unit_bytes, sizes)
     tok = load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(all_units, cfg))
     lo = cfg.task_index * len(all_units) // cfg.num_tasks
     hi = (cfg.task_index + 1) * len(all_units) // cfg.num_tasks

@@ -50,17 +50,17 @@ def unit_schema(dtype: str) -> pa.Schema:
 _TOKENIZERS: dict[tuple[str, str], Tokenizer] = {}
 
 
-def worker_tokenizer(spec: UnitSpec) -> Tokenizer:
-    """The tokenizer of this process, loaded once per (spec, engine)."""
-    key = (spec.tokenizer, spec.engine)
+def worker_tokenizer(tokenizer: str, engine: str) -> Tokenizer:
+    """The tokenizer of this process, loaded once per (tokenizer spec, engine)."""
+    key = (tokenizer, engine)
     if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = load_tokenizer(spec.tokenizer, spec.engine)
+        _TOKENIZERS[key] = load_tokenizer(tokenizer, engine)
     return _TOKENIZERS[key]
 
 
 def tokenize_unit_batches(unit: Unit, spec: UnitSpec, stats: UnitStats) -> Iterator[pa.RecordBatch]:
     """Read and tokenize one unit; yields record batches of about ENCODE_BATCH_CHARS of text."""
-    tok = worker_tokenizer(spec)
+    tok = worker_tokenizer(spec.tokenizer, spec.engine)
     schema = unit_schema(spec.dtype)
     rows: list = []  # (position, id, text or None, error or None)
     chars = 0
