@@ -25,6 +25,7 @@ from dataflow.loading.shuffle import EpochOrder
 from dataflow.loading.storage import Storage, prefetch_shards
 
 STATE_VERSION = 1
+STAGES = ("fetch", "read", "shuffle", "collate")  # what `collate_into` times, in seconds
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

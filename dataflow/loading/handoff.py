@@ -1,11 +1,20 @@
-"""Worker hand-off without per-batch allocation: a shared-memory slot ring and a tiny protocol.
+"""Worker hand-off without per-batch allocation or per-batch messages: a shared slot ring and semaphores.
 
-The main process allocates the ring once, before the workers start: `slots` page-aligned batch
-buffers in one shared-memory segment (registered as pinned memory when CUDA is present). Worker `w`
-owns a fixed set of slots; it collates its batches (those with `b % num_workers == w`) straight into a
-free slot and sends only `(job, b, slot, stage times)` through a pipe. The main process yields tensors
-that are views of the slot, and hands the slot back once the consumer has taken `lifetime` more
-batches. Nothing is allocated per batch, on either side; only a few integers cross the process boundary.
+The main process allocates, once, before the workers start:
+- a ring of page-aligned batch buffers in one shared-memory segment (registered as pinned memory
+  when CUDA is present); worker `w` owns `per_worker` consecutive slots and fills them in turn;
+- a small shared table with one row per slot: (job, batch, rows, stage seconds...), written by the
+  worker before it announces the slot;
+- two counting semaphores per worker: `ready` (slots filled, not yet taken) and `free` (slots the
+  main process has handed back).
+
+Per batch, worker `w` waits on `free`, collates batch b (those with `b % num_workers == w`) straight
+into its next slot, writes the slot's row and posts `ready`; the main process waits on `ready`, reads
+the row and yields tensors that are views of the slot, then posts `free` once the consumer has taken
+`lifetime` more batches. Slots are freed in the order they were filled, so the slot of each batch is
+implied and nothing else crosses the process boundary. A semaphore post or wait is an atomic
+operation in shared memory; the kernel is entered only to wake a side that is actually asleep.
+Pipes carry only the rare messages: start a job, stop, and a worker's "job ended" (with its error).
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import multiprocessing.connection as mpc
 import pickle
 import traceback
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +35,7 @@ from dataflow.lifetime import die_with_parent
 
 PAGE = 4096
 POLL_S = 0.1
+_JOB, _BATCH, _ROWS = 0, 1, 2  # columns of the slot table; stage seconds follow
 
 
 class WorkerDied(DataflowError):
@@ -92,9 +102,20 @@ def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
-def _worker_main(dataset: Any, ring: SlotRing, worker: int, num_workers: int, slots: list[int],
-                 ctrl: mpc.Connection, results: mpc.Connection) -> None:
-    """A loader worker: waits for jobs, collates its batches into its own free slots."""
+@dataclass
+class _Shared:
+    """What the main process and one worker share besides the ring."""
+
+    slots: list[int]  # this worker's slots, filled in turn
+    table: torch.Tensor  # float64 [all slots, 3 + stages], shared memory
+    control: torch.Tensor  # int64 [1]: the job the workers should be running (0: none)
+    ready: Any  # semaphore: slots filled and not yet taken by the main process
+    free: Any  # semaphore: slots handed back by the main process
+
+
+def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, stages: Sequence[str], worker: int,
+                 num_workers: int, ctrl: mpc.Connection, results: mpc.Connection) -> None:
+    """A loader worker: waits for a job, fills its slots with its batches, reports how the job ended."""
     die_with_parent()
     torch.set_num_threads(1)
     try:
@@ -102,133 +123,178 @@ def _worker_main(dataset: Any, ring: SlotRing, worker: int, num_workers: int, sl
             msg = ctrl.recv()
             if msg[0] == "stop":
                 return
-            if msg[0] == "run":
-                _run_job(dataset, ring, worker, num_workers, slots, ctrl, results, *msg[1:])
+            job = msg[1]
+            try:
+                _run_job(dataset, ring, shared, stages, worker, num_workers, *msg[1:])
+                results.send((job, None, None))
+            except BaseException as e:  # reported to the main process, raised there with its message
+                try:
+                    payload = pickle.dumps(e)
+                except Exception:
+                    payload = None
+                results.send((job, payload, traceback.format_exc()))
+                shared.ready.release()  # wakes the main process, which then finds the error
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         return
 
 
-def _run_job(dataset: Any, ring: SlotRing, worker: int, num_workers: int, slots: list[int],
-             ctrl: mpc.Connection, results: mpc.Connection, job: int, epoch: int, consumed: int,
-             num_batches: int, batch_size: int) -> None:
-    free = list(slots)  # a new job starts with all slots free: the previous job's batches are done
+def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, stages: Sequence[str], worker: int,
+             num_workers: int, job: int, epoch: int, consumed: int, num_batches: int, batch_size: int) -> None:
+    table, control = shared.table.numpy(), shared.control.numpy()
     dataset.epoch, dataset.consumed = epoch, consumed
     per_rank = dataset.samples_per_rank(consumed)
-    try:
-        for b in range(worker, num_batches, num_workers):
-            while not free or ctrl.poll():
-                msg = ctrl.recv()
-                if msg[0] == "free":
-                    free.append(msg[1])
-                elif msg[0] == "cancel" or msg[0] == "stop":
-                    if msg[0] == "stop":
-                        raise EOFError
-                    return
-            slot = free.pop(0)
-            ids = dataset.rank_sample_ids(b * batch_size, min((b + 1) * batch_size, per_rank), consumed)
-            stats = dataset.collate_into(ids, ring.numpy_views(slot))
-            results.send((job, b, slot, stats, len(ids)))
-        results.send((job, "done", None, None, 0))
-    except EOFError:
-        raise
-    except BaseException as e:  # reported to the main process, raised there with its message
-        try:
-            payload = pickle.dumps(e)
-        except Exception:
-            payload = None
-        results.send((job, "error", payload, traceback.format_exc(), 0))
+    for k, b in enumerate(range(worker, num_batches, num_workers)):
+        while not shared.free.acquire(timeout=POLL_S):
+            if control[0] != job:
+                return
+        if control[0] != job:  # cancelled: the main process woke us to stop
+            return
+        slot = shared.slots[k % len(shared.slots)]
+        ids = dataset.rank_sample_ids(b * batch_size, min((b + 1) * batch_size, per_rank), consumed)
+        times = dataset.collate_into(ids, ring.numpy_views(slot))
+        row = table[slot]
+        row[_ROWS] = len(ids)
+        for i, name in enumerate(stages):
+            row[3 + i] = times.get(name, 0.0)
+        row[_JOB], row[_BATCH] = job, b  # last: the row is this batch's once these match
+        shared.ready.release()
 
 
 class WorkerPool:
     """Worker processes that fill a `SlotRing`; the main side of the protocol."""
 
     def __init__(self, dataset: Any, layout: dict[str, tuple[tuple[int, ...], Any]], num_workers: int,
-                 prefetch: int, lifetime: int, context: Any = None, pin: bool = False, timeout: float = 0):
+                 prefetch: int, lifetime: int, context: Any = None, pin: bool = False, timeout: float = 0,
+                 stages: Sequence[str] = ()):
         self.num_workers, self.lifetime, self.timeout = num_workers, lifetime, timeout
-        per_worker = prefetch + math.ceil(lifetime / num_workers)
-        self.ring = SlotRing(layout, per_worker * num_workers)
+        self.stages = tuple(stages)
+        self.per_worker = prefetch + math.ceil(lifetime / num_workers)
+        self.ring = SlotRing(layout, self.per_worker * num_workers)
         if pin:
             self.ring.pin()
         ctx = tmp.get_context(context) if isinstance(context, str) or context is None else context
         if context is None:
             ctx = tmp.get_context("fork" if "fork" in tmp.get_all_start_methods() else "spawn")
+        table = torch.full((self.ring.slots, 3 + len(self.stages)), -1.0, dtype=torch.float64).share_memory_()
+        self.control = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._table, self._control = table.numpy(), self.control.numpy()
+        self.shared: list[_Shared] = []
         self.ctrl, self.results, self.procs = [], [], []
         for w in range(num_workers):
+            shared = _Shared(list(range(w * self.per_worker, (w + 1) * self.per_worker)), table, self.control,
+                             ctx.Semaphore(0), ctx.Semaphore(self.per_worker))
             ctrl_recv, ctrl_send = ctx.Pipe(duplex=False)
             res_recv, res_send = ctx.Pipe(duplex=False)
-            slots = list(range(w * per_worker, (w + 1) * per_worker))
             p = ctx.Process(target=_worker_main, name=f"dataflow-loader-{w}", daemon=True,
-                            args=(dataset, self.ring, w, num_workers, slots, ctrl_recv, res_send))
+                            args=(dataset, self.ring, shared, self.stages, w, num_workers, ctrl_recv, res_send))
             p.start()
             ctrl_recv.close()
             res_send.close()
+            self.shared.append(shared)
             self.ctrl.append(ctrl_send)
             self.results.append(res_recv)
             self.procs.append(p)
         self.job = 0
+        self._running: list[int] = [0] * num_workers  # the job each worker has not yet reported ended
         self.stage_totals: dict[str, float] = {}
         self.stage_by_worker: list[dict[str, float]] = [{} for _ in range(num_workers)]
 
     def run(self, epoch: int, consumed: int, num_batches: int, batch_size: int) -> Iterator[dict[str, Any]]:
         """Yield the job's batches in order as views of ring slots."""
+        for w in range(self.num_workers):
+            self._settle(w)
         self.job += 1
         job = self.job
-        for c in self.ctrl:
+        self._control[0] = job
+        for w, c in enumerate(self.ctrl):
             c.send(("run", job, epoch, consumed, num_batches, batch_size))
-        held: list[tuple[int, int]] = []  # (worker, slot) yielded, not yet handed back
-        finished = False
+            self._running[w] = job
+        taken = [0] * self.num_workers  # batches taken from each worker in this job
+        held: list[int] = []  # workers of the batches yielded and not yet handed back, oldest first
         try:
             for b in range(num_batches):
                 w = b % self.num_workers
-                slot, stats, rows = self._receive(w, job, b)
-                mine = self.stage_by_worker[w]
-                for k, v in stats.items():
-                    self.stage_totals[k] = self.stage_totals.get(k, 0.0) + v
-                    mine[k] = mine.get(k, 0.0) + v
+                shared = self.shared[w]
+                slot = shared.slots[taken[w] % self.per_worker]
+                row = self._receive(w, slot, job, b)
+                taken[w] += 1
+                self._add_stages(w, row)
                 views = self.ring.tensor_views(slot)
-                first = next(iter(views.values()))
-                yield {k: v[:rows] for k, v in views.items()} if rows < len(first) else dict(views)
-                held.append((w, slot))
+                rows = int(row[_ROWS])
+                yield dict(views) if rows == self.ring.fields[0].shape[0] else {k: v[:rows] for k, v in views.items()}
+                held.append(w)
                 if len(held) > self.lifetime:
-                    w0, s0 = held.pop(0)
-                    self.ctrl[w0].send(("free", s0))
-            finished = True
+                    self.shared[held.pop(0)].free.release()
         finally:
-            if not finished:
-                for c in self.ctrl:
-                    try:
-                        c.send(("cancel", job))
-                    except (BrokenPipeError, OSError):
-                        pass
+            if self._control[0] == job:
+                self._control[0] = 0  # stops the workers at their next slot
+                for shared in self.shared:
+                    shared.free.release()  # wakes a worker waiting for a slot
 
-    def _receive(self, w: int, job: int, b: int) -> tuple[int, dict[str, float], int]:
+    def _receive(self, w: int, slot: int, job: int, b: int) -> list[float]:
+        """Wait until worker w has filled `slot` with batch b; returns the slot's row."""
         waited = 0.0
-        while True:
-            if self.results[w].poll(POLL_S):
-                try:
-                    msg = self.results[w].recv()
-                except EOFError:
-                    msg = None
-                if msg is not None:
-                    if msg[0] != job:
-                        continue  # a late message of a cancelled job
-                    if msg[1] == "error":
-                        raise _restore(msg[2], msg[3], w)
-                    if msg[1] == "done":
-                        continue
-                    if msg[1] != b:
-                        raise DataflowError(f"loader worker {w} sent batch {msg[1]}, expected {b} (protocol error)")
-                    return msg[2], msg[3], msg[4]
+        while not self.shared[w].ready.acquire(timeout=POLL_S):
             waited += POLL_S
+            if self.results[w].poll():
+                self._ended(w, b)
             if not self.procs[w].is_alive():
-                code = self.procs[w].exitcode
-                raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code {code} "
-                                 f"while producing batch {b}; killed or out of memory?")
+                self._ended(w, b)
             if self.timeout and waited >= self.timeout:
                 raise DataflowError(f"loader worker {w} produced no batch in {self.timeout} s")
+        row = self._table[slot].tolist()
+        if row[_JOB] != job or row[_BATCH] != b:
+            self._ended(w, b)  # posted without filling the slot: it failed
+        return row
+
+    def _ended(self, w: int, b: int) -> None:
+        """Worker w ended its job before producing batch b: raise its error, or say it died."""
+        if self.results[w].poll():
+            try:
+                job, payload, text = self.results[w].recv()
+            except EOFError:
+                job, payload, text = None, None, None
+            if job == self._running[w]:
+                self._running[w] = 0
+                if text is not None:
+                    raise _restore(payload, text, w)
+                raise DataflowError(f"loader worker {w} ended its job before batch {b} (protocol error)")
+        if not self.procs[w].is_alive():
+            code = self.procs[w].exitcode
+            raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code {code} "
+                             f"while producing batch {b}; killed or out of memory?")
+
+    def _settle(self, w: int) -> None:
+        """Before a new job: wait until worker w has left its last job, then reset its semaphores."""
+        while self._running[w]:
+            if self.results[w].poll(POLL_S):
+                try:
+                    job, _, _ = self.results[w].recv()
+                except EOFError:
+                    job = None
+                if job == self._running[w]:
+                    self._running[w] = 0
+            elif not self.procs[w].is_alive():
+                raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code "
+                                 f"{self.procs[w].exitcode}")
+        shared = self.shared[w]
+        while shared.ready.acquire(False):
+            pass
+        while shared.free.acquire(False):
+            pass
+        for _ in range(self.per_worker):
+            shared.free.release()
+
+    def _add_stages(self, w: int, row: list[float]) -> None:
+        mine = self.stage_by_worker[w]
+        for name, v in zip(self.stages, row[3:]):
+            self.stage_totals[name] = self.stage_totals.get(name, 0.0) + v
+            mine[name] = mine.get(name, 0.0) + v
 
     def close(self) -> None:
-        for c in self.ctrl:
+        self._control[0] = 0
+        for c, shared in zip(self.ctrl, self.shared):
+            shared.free.release()
             try:
                 c.send(("stop",))
             except (BrokenPipeError, OSError):

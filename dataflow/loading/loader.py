@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dataflow.errors import ConfigError
-from dataflow.loading.dataset import StreamingDataset
+from dataflow.loading.dataset import STAGES, StreamingDataset
 from dataflow.loading.handoff import WorkerPool
 
 
@@ -84,19 +84,21 @@ class StreamingDataLoader:
             return iter(loader)
         if self._pool is None:
             self._pool = WorkerPool(ds, ds.batch_layout(self.batch_size), self.num_workers, self.prefetch_factor,
-                                    self.lifetime, self.context, pin=self.pin_memory, timeout=self.timeout)
+                                    self.lifetime, self.context, pin=self.pin_memory, timeout=self.timeout,
+                                    stages=STAGES)
         return self._pool.run(ds.epoch, start, num_batches, self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         ds = self.dataset
         start, num_batches = ds.consumed, len(self)
         _, world = ds.rank_world()
+        total = ds.num_samples
         self.batches_yielded = 0
         source = self._batches(start, num_batches)
         try:
             for batch in source:
                 self.batches_yielded += 1
-                ds.consumed = min(start + self.batches_yielded * self.batch_size * world, ds.num_samples)
+                ds.consumed = min(start + self.batches_yielded * self.batch_size * world, total)
                 yield {k: v.clone() for k, v in batch.items()} if self.copy else batch
             ds.epoch, ds.consumed = ds.epoch + 1, 0
         finally:

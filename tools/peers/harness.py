@@ -46,6 +46,14 @@ def check(batch) -> None:
         raise AssertionError(f"unexpected batch: {type(batch).__name__} {getattr(t, 'shape', None)} {t.dtype}")
 
 
+def _self_cpu_s() -> float:
+    """CPU seconds of this (the training) process, all its threads: what loading steals from the training loop."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def one_pass(make, batches: int, max_seconds: float) -> dict:
     t0 = time.perf_counter()
     loader = make()
@@ -56,11 +64,11 @@ def one_pass(make, batches: int, max_seconds: float) -> dict:
         if first is None:
             first = time.perf_counter() - t0
             check(batch)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), _self_cpu_s()
         n += 1
         if n >= batches or time.perf_counter() - t1 > max_seconds:
             break
-    dt = time.perf_counter() - t1
+    dt, cpu = time.perf_counter() - t1, _self_cpu_s() - c1
     if first is None:
         raise RuntimeError("the loader yielded no batch")
     if n < 2:
@@ -74,7 +82,7 @@ def one_pass(make, batches: int, max_seconds: float) -> dict:
                 pass
     del it, loader, batch
     gc.collect()
-    return {"rate": (n - 1) * B * W / dt, "first": first, "batches": n}
+    return {"rate": (n - 1) * B * W / dt, "first": first, "batches": n, "main_cpu": cpu / (n - 1)}
 
 
 def loader_run(a) -> dict:
@@ -86,6 +94,7 @@ def loader_run(a) -> dict:
     rates = [p["rate"] for p in passes]
     return {"tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
             "first_batch_s": statistics.median(p["first"] for p in passes),
+            "main_cpu_ms": 1e3 * statistics.median(p["main_cpu"] for p in passes),
             "batches": [p["batches"] for p in passes], "describe": mod.describe(a.setting, a.workers),
             "disk_bytes": mod.disk_bytes(ctx, a.setting)}
 

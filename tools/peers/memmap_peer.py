@@ -1,4 +1,5 @@
-"""The ceiling: nanoGPT's `get_batch`, random windows straight from a flat uint16 `np.memmap`."""
+"""The ceiling, nanoGPT's `get_batch` (random windows straight from a flat uint16 `np.memmap`), and the plain
+torch `DataLoader` over the same memmap windows: what most training scripts with workers do."""
 
 from __future__ import annotations
 
@@ -7,9 +8,24 @@ import os
 import numpy as np
 import torch
 
-from tools.peers.common import B, W, SEED, Ctx
+from tools.peers.common import B, L, W, SEED, Ctx, n_windows
 
-SETTINGS = ("get_batch",)
+SETTINGS = ("get_batch", "dataloader")
+
+
+class MemmapWindows(torch.utils.data.Dataset):
+    """Window i = tokens [i*L, i*L + L + 1) of the flat file, as int64; the memmap opens in each worker."""
+
+    def __init__(self, path: str):
+        self.path, self.data, self.n = path, None, n_windows(path)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.data is None:
+            self.data = np.memmap(self.path, dtype=np.uint16, mode="r")
+        return torch.from_numpy(self.data[i * L:i * L + W].astype(np.int64))
 
 
 def prepare(ctx: Ctx) -> None:  # the flat file is written by bench_loader.py itself
@@ -17,6 +33,8 @@ def prepare(ctx: Ctx) -> None:  # the flat file is written by bench_loader.py it
 
 
 def describe(setting: str, workers: int) -> str:
+    if setting == "dataloader":
+        return f"torch DataLoader(map-style memmap windows, batch_size=8, shuffle=True, num_workers={workers})"
     return "nanoGPT get_batch: 8 random offsets, np.stack of memmap slices, astype int64 (in-process only)"
 
 
@@ -25,6 +43,9 @@ def disk_bytes(ctx: Ctx, setting: str) -> int:
 
 
 def make(ctx: Ctx, setting: str, workers: int):
+    if setting == "dataloader":
+        return torch.utils.data.DataLoader(MemmapWindows(ctx.bin), batch_size=B, shuffle=True, num_workers=workers,
+                                           generator=torch.Generator().manual_seed(SEED))
     if workers:
         raise ValueError("get_batch runs in the training process")
     data = np.memmap(ctx.bin, dtype=np.uint16, mode="r")

@@ -30,7 +30,11 @@ NOTES_LOADER = """\
   splits shared pages (shared memory, mapped files) between the processes that map them, so a sum over workers
   counts each page once. Mapped shard files count when touched: the memmap readers' figure grows with the file.
 - `np.memmap get_batch` runs in the training process only, so it has no 2-worker row; it is the ceiling for reading
-  (no decoding, no shuffling state, no workers).
+  (no decoding, no shuffling state, no workers). `torch DataLoader (memmap)` is the plain torch `DataLoader` over the
+  same windows (map-style, shuffled): what a training script with workers typically does.
+- Main-process CPU per batch is the CPU time of the training process (all its threads) between the first and the
+  last batch, divided by the batches: what loading takes from the training loop. With workers it is the hand-off
+  alone; in the training process it is all the loading.
 - Ours yields, with workers, views of a shared slot ring (valid for 4 more batches; `copy=True` yields owned
   tensors); the peers yield owned tensors.
 """
@@ -78,20 +82,22 @@ def _fmt_rate(r: dict, key: str = "tokens_per_s") -> str:
 
 def loader_tables(d: dict) -> list[str]:
     res = d["results"]
-    ceiling = next((r for r in res if r["peer"] == "memmap" and "error" not in r), None)
+    ceiling = next((r for r in res if (r["peer"], r["setting"]) == ("memmap", "get_batch") and "error" not in r), None)
     lines = [f"Corpus: {d['tokens'] / 1e6:.0f}M GPT-2 tokens; batches of 8 x 2049 int64; {d['repeats']} timed passes of "
              f"{d['batches']} batches (one epoch) or {d['max_seconds']:.0f} s, whichever comes first, per tool and setting. "
              f"Command: `{d['command']}`.", ""]
     for w in sorted({r["workers"] for r in res}):
         lines += [f"### {'In the training process (num_workers=0)' if w == 0 else f'{w} workers'}", "",
-                  "| tool | tokens/s, median (min–max) | vs ceiling | first batch | peak memory (PSS) | on disk |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "| tool | tokens/s, median (min–max) | vs ceiling | first batch | main-process CPU per batch | "
+                  "peak memory (PSS) | on disk |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for r in [r for r in res if r["workers"] == w]:
             if "error" in r:
-                lines.append(f"| {r['label']} | **failed**: {r['error'].replace('|', '/')} | | | | |")
+                lines.append(f"| {r['label']} | **failed**: {r['error'].replace('|', '/')} | | | | | |")
                 continue
             vs = f"{r['tokens_per_s'] / ceiling['tokens_per_s']:.0%}" if ceiling else "–"
-            lines.append(f"| {r['label']} | {_fmt_rate(r)} | {vs} | {r['first_batch_s'] * 1e3:.0f} ms | "
+            cpu = f"{r['main_cpu_ms']:.3f} ms" if "main_cpu_ms" in r else "–"
+            lines.append(f"| {r['label']} | {_fmt_rate(r)} | {vs} | {r['first_batch_s'] * 1e3:.0f} ms | {cpu} | "
                          f"{r['peak_mb']:.0f} MB | {r['disk_bytes'] / 1e6:.0f} MB |")
         lines.append("")
     lines += ["Settings:", ""]

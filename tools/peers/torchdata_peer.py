@@ -4,25 +4,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 
-from tools.peers.common import B, L, W, SEED, Ctx, n_windows
-
-
-class MemmapWindows(torch.utils.data.Dataset):
-    """Window i = tokens [i*L, i*L + L + 1) of the flat file, as int64; the memmap opens in each worker."""
-
-    def __init__(self, path: str):
-        self.path, self.data, self.n = path, None, n_windows(path)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.data is None:
-            self.data = np.memmap(self.path, dtype=np.uint16, mode="r")
-        return torch.from_numpy(self.data[i * L:i * L + W].astype(np.int64))
+from tools.peers.common import B, SEED, Ctx
+from tools.peers.memmap_peer import MemmapWindows
 
 
 SETTINGS = ("memmap",)
