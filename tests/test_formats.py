@@ -40,6 +40,33 @@ def test_writer_round_trip(tmp_path, fmt, comp):
         assert not os.path.isabs(s.path)
 
 
+@pytest.mark.parametrize("fmt", ["arrow", "tar"])
+def test_write_batch_gives_the_shards_of_one_by_one_writes(tmp_path, fmt):
+    """Batches that straddle shard boundaries (and batches of one) cut shards exactly where single writes do."""
+    from dataflow.formats.writer import DocIds
+
+    docs = _docs(700, seed=3)
+    ids = [f"doc-{i}-é" for i in range(700)]  # non-ASCII: offsets are in bytes
+    with ShardWriter(str(tmp_path / "one"), tokenizer_meta=BYTES, format=fmt, shard_size="9KB") as w:
+        for d, i in zip(docs, ids):
+            w.write(d, id=i)
+    rng = np.random.default_rng(0)
+    with ShardWriter(str(tmp_path / "many"), tokenizer_meta=BYTES, format=fmt, shard_size="9KB") as w:
+        start, completed = 0, []
+        while start < len(docs):
+            stop = min(len(docs), start + int(rng.integers(1, 120)))
+            part = docs[start:stop]
+            offsets = np.concatenate([[0], np.cumsum([len(d) for d in part])])
+            completed += w.write_batch(np.concatenate(part), offsets, DocIds.from_list(ids[start:stop]))
+            start = stop
+    a, b = read_manifest(str(tmp_path / "one")), read_manifest(str(tmp_path / "many"))
+    assert len(a.shards) >= 10 and [s.sha256 for s in a.shards] == [s.sha256 for s in b.shards]
+    assert [s.path for s in completed] == [s.path for s in b.shards[:len(completed)]]
+    with pytest.raises(Exception, match="token ids must lie"):
+        ShardWriter(str(tmp_path / "bad"), tokenizer_meta=BYTES).write_batch(
+            np.array([1, -1]), np.array([0, 2]), DocIds.from_list(["x"]))
+
+
 def test_tar_shards_read_by_webdataset(tmp_path):
     docs = _docs(20)
     with ShardWriter(str(tmp_path), tokenizer_meta=BYTES, format="tar", compression="none") as w:

@@ -114,6 +114,25 @@ def test_committed_units_are_not_redone(corpus, tmp_path):
     assert summary["resumed_from_unit"] == done >= 5
 
 
+def test_a_journal_of_another_version_is_refused_not_misread(corpus, tmp_path):
+    out = tmp_path / "o"
+    args = [*DATAFLOW, "tokenize", str(corpus), "-o", str(out), "--no-progress", "--shard-size", "512KB",
+            "--unit-size", "256KB", "--workers", "1"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = out / "_work" / "task-00000" / "journal.json"
+    while proc.poll() is None and not journal.exists():
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    old = json.loads(journal.read_text())
+    old.pop("version")  # as the first journal format wrote it, with per-document spills
+    journal.write_text(json.dumps(old))
+    p = tokenize(corpus, out, "--workers", "1", check=False)
+    assert p.returncode == 2 and "journal version 1" in p.stderr and "--overwrite" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert tokenize(corpus, out, "--workers", "1", "--overwrite").returncode == 0
+
+
 def test_task_slices_merge_to_the_single_run(corpus, tmp_path):
     single = tmp_path / "single"
     tokenize(corpus, single, "--workers", "2")

@@ -50,6 +50,35 @@ def shard_extension(format: str, compression: str) -> str:
     return ".tar.zst" if compression == "zstd" else ".tar"
 
 
+class DocIds:
+    """Document ids as UTF-8 bytes laid end to end plus offsets: many ids without a Python object each."""
+
+    def __init__(self, data: bytes, offsets: np.ndarray):
+        self.data, self.offsets = data, offsets
+
+    @classmethod
+    def from_arrow(cls, ids: pa.Array) -> "DocIds":
+        """From a pyarrow string array without nulls (sliced or not)."""
+        if ids.null_count:
+            raise ValueError("document ids must not be null")
+        ids = ids.cast(pa.string())
+        offsets = np.frombuffer(ids.buffers()[1], dtype=np.int32)[ids.offset:ids.offset + len(ids) + 1]
+        data = ids.buffers()[2]
+        return cls(data[int(offsets[0]):int(offsets[-1])].to_pybytes() if len(ids) else b"",
+                   (offsets - offsets[0]).astype(np.int64))
+
+    @classmethod
+    def from_list(cls, ids: list[str]) -> "DocIds":
+        return cls.from_arrow(pa.array(ids, pa.string()))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def slice(self, start: int, stop: int) -> "DocIds":
+        lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        return DocIds(self.data[lo:hi], self.offsets[start:stop + 1] - lo)
+
+
 class _ShardBuffer:
     """The documents of the shard being filled, packed into four flat buffers.
 
@@ -68,6 +97,13 @@ class _ShardBuffer:
         self.ids += key
         self.token_lengths.append(len(tokens))
         self.id_lengths.append(len(key))
+
+    def add_many(self, values: np.ndarray, lengths: np.ndarray, ids: "DocIds") -> None:
+        """Append documents laid end to end in `values` (`lengths` tokens each) in one go."""
+        self.tokens += memoryview(np.ascontiguousarray(values, dtype=self.dtype)).cast("B")
+        self.ids += ids.data
+        self.token_lengths.frombytes(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
+        self.id_lengths.frombytes(np.diff(ids.offsets).astype(np.int64).tobytes())
 
     def __len__(self) -> int:
         return len(self.token_lengths)
@@ -135,6 +171,33 @@ class ShardWriter:
         if self._open.nbytes >= self.shard_size:
             return self.flush()
         return None
+
+    def fill_count(self, lengths: np.ndarray) -> int:
+        """How many of these documents (token counts, in order) go into the open shard: up to and
+        including the one that completes it, or all of them."""
+        cum = np.cumsum(lengths, dtype=np.int64) * self.dtype.itemsize
+        k = int(np.searchsorted(cum, self.shard_size - self._open.nbytes, side="left"))
+        return min(k + 1, len(lengths))
+
+    def write_batch(self, values: np.ndarray, offsets: np.ndarray, ids: DocIds) -> list[ShardInfo]:
+        """Add many documents at once (`values[offsets[i]:offsets[i+1]]` with `ids` i); the shards are
+        exactly those that writing them one by one gives. Returns the shards completed."""
+        values = np.asarray(values)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if len(offsets) != len(ids) + 1:
+            raise ConfigError(f"{len(ids)} ids for {len(offsets) - 1} documents")
+        if values.dtype != self.dtype and values.size and (values.min() < 0 or values.max() > self._max_id):
+            raise ConfigError(f"token ids must lie in [0, {self._max_id}]")
+        lengths = np.diff(offsets)
+        done, i = [], 0
+        while i < len(lengths):
+            end = i + self.fill_count(lengths[i:])
+            self._open.add_many(values[offsets[i]:offsets[end]], lengths[i:end], ids.slice(i, end))
+            self._written_docs += end - i
+            if self._open.nbytes >= self.shard_size:
+                done.append(self.flush())
+            i = end
+        return done
 
     def flush(self) -> ShardInfo | None:
         """Write the buffered documents as a shard now (no-op when nothing is buffered)."""

@@ -17,12 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from dataflow.errors import ConfigError
 from dataflow.formats.atomic import write_json_atomic
 from dataflow.formats.manifest import ShardInfo
-from dataflow.formats.writer import ShardWriter
+from dataflow.formats.writer import DocIds, ShardWriter
 
 JOURNAL_NAME = "journal.json"
-_HEADER = struct.Struct("<IQ")  # a spilled document: id length, token count; then the id, then the tokens
+JOURNAL_VERSION = 2  # 2: spills hold blocks of documents
+# A spilled block: documents, id bytes, tokens; then token counts (int64 each), id offsets (int64,
+# documents + 1), the ids, the tokens.
+_BLOCK = struct.Struct("<QQQ")
 
 
 @dataclass
@@ -30,6 +34,7 @@ class Progress:
     """Everything the commit loop needs to continue exactly where it stopped."""
 
     settings: dict[str, Any]
+    version: int = JOURNAL_VERSION
     unit_bytes: int = 0  # the unit cut of this run: a resume must cut the input the same way
     next_unit: int = 0
     current_file: str | None = None
@@ -47,7 +52,13 @@ def load_progress(work_dir: str) -> Progress | None:
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return Progress(**json.load(f))
+        raw = json.load(f)
+    version = raw.get("version", 1)  # journals of version 1 had no version field
+    if version != JOURNAL_VERSION:
+        raise ConfigError(f"{path}: an unfinished run of another dataflow version (journal version {version}, "
+                          f"this one writes {JOURNAL_VERSION}); finish it with that version, or pass --overwrite "
+                          f"to start again")
+    return Progress(**raw)
 
 
 class SpilledWriter:
@@ -71,14 +82,25 @@ class SpilledWriter:
         self.spill_index = self.writer.next_index
         self.spill = open(self._spill_path(self.spill_index), "wb")  # a stale spill from a crash is discarded
 
-    def write(self, tokens: np.ndarray, doc_id: str) -> None:
-        key = doc_id.encode()
-        tokens = tokens.astype(self.writer.dtype, copy=False)
-        self.spill.write(_HEADER.pack(len(key), tokens.size) + key + tokens.tobytes())
-        if self.writer.write(tokens, id=doc_id) is not None:  # a shard was completed: start a new spill
-            self.spill.close()
-            self.stale.append(self._spill_path(self.spill_index))
-            self._open_spill()
+    def write_batch(self, values: np.ndarray, offsets: np.ndarray, ids: DocIds) -> None:
+        """Add documents to the writer and to the open shard's spill, a block per shard they touch."""
+        values = values.astype(self.writer.dtype, copy=False)
+        lengths = np.diff(offsets)
+        i = 0
+        while i < len(lengths):
+            end = i + self.writer.fill_count(lengths[i:])
+            part_values, part_offsets = values[offsets[i]:offsets[end]], offsets[i:end + 1] - offsets[i]
+            part_ids = ids.slice(i, end)
+            self.spill.write(_BLOCK.pack(end - i, len(part_ids.data), part_values.size))
+            self.spill.write(np.ascontiguousarray(lengths[i:end], dtype=np.int64).tobytes())
+            self.spill.write(part_ids.offsets.astype(np.int64).tobytes())
+            self.spill.write(part_ids.data)
+            self.spill.write(part_values.tobytes())
+            if self.writer.write_batch(part_values, part_offsets, part_ids):  # completed: a new spill
+                self.spill.close()
+                self.stale.append(self._spill_path(self.spill_index))
+                self._open_spill()
+            i = end
 
     def state(self) -> dict[str, Any]:
         """Flush the spill and describe this split for the journal."""
@@ -105,13 +127,18 @@ class SpilledWriter:
             data = f.read()
         pos = 0
         while pos < len(data):
-            n, size = _HEADER.unpack_from(data, pos)
-            pos += _HEADER.size
-            doc_id = data[pos:pos + n].decode()
-            pos += n
+            docs, id_bytes, size = _BLOCK.unpack_from(data, pos)
+            pos += _BLOCK.size
+            lengths = np.frombuffer(data, dtype=np.int64, count=docs, offset=pos)
+            pos += lengths.nbytes
+            id_offsets = np.frombuffer(data, dtype=np.int64, count=docs + 1, offset=pos)
+            pos += id_offsets.nbytes
+            ids = DocIds(data[pos:pos + id_bytes], id_offsets)
+            pos += id_bytes
             tokens = np.frombuffer(data, dtype=self.writer.dtype, count=size, offset=pos)
             pos += tokens.nbytes
-            self.writer.write(tokens, id=doc_id)
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            self.writer.write_batch(tokens, offsets, ids)
         self.spill_index = self.writer.next_index
         self.spill = open(path, "ab")
 

@@ -3,13 +3,12 @@
 Workers tokenize units in any order; the main process commits their outputs strictly in unit order
 into `ShardWriter`s, so shard boundaries and bytes depend only on the data, never on the number of
 workers, the executor or interruptions. Ids, the validation split and error counting happen at commit
-time, in input order, for the same reason. After each unit the journal (`journal.py`) records the
+time, in input order, for the same reason (`commit.py`). After each unit the journal (`journal.py`) records the
 progress, so a rerun of the same command continues where a crash stopped it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,10 +20,11 @@ from typing import Any
 from tqdm import tqdm
 
 import dataflow
-from dataflow.errors import ConfigError, InputError
+from dataflow.errors import ConfigError
 from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
-from dataflow.preprocess.executors import UnitOutput, run_units, start_local_pool
+from dataflow.preprocess.commit import commit_unit
+from dataflow.preprocess.executors import run_units, start_local_pool
 from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, plan_units
 from dataflow.preprocess.sources import expand_inputs, read_unit
@@ -99,14 +99,6 @@ class Summary:
         d["mb_per_s"] = round(self.text_bytes / 1e6 / max(self.seconds, 1e-9), 2)
         d["tokens_per_s"] = round(self.tokens / max(self.seconds, 1e-9))
         return d
-
-
-def in_val_split(doc_id: str, seed: int, fraction: float) -> bool:
-    """Deterministic per-document split: a hash of (seed, id) mapped to [0, 1)."""
-    if fraction <= 0:
-        return False
-    h = hashlib.blake2b(f"{seed}:{doc_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") / 2.0**64 < fraction
 
 
 class Layout:
@@ -266,7 +258,8 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     with open(layout.errors, "a") as errlog:
         for out in run_units(todo, spec, workers, cfg.executor, scratch, pool):
             unit = all_units[out.stats.index]
-            _commit(out, unit, names[unit.file], cfg, progress, writers, errlog, layout.errors)
+            commit_unit(out, unit, names[unit.file], progress, writers, errlog, layout.errors,
+                        max_errors=cfg.max_errors, seed=cfg.seed, val_fraction=cfg.val_fraction)
             progress.next_unit += 1
             errlog.flush()
             progress.errors_log_bytes = errlog.tell()
@@ -287,45 +280,6 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
                    time.perf_counter() - started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
                    resumed_from, len(units), notes)
-
-
-def _commit(out: UnitOutput, unit: Unit, name: str, cfg: TokenizeConfig, progress: Progress,
-            writers: dict[str, SpilledWriter], errlog, errors_path: str) -> None:
-    """Write one unit's documents into the split writers and its bad records into the error log."""
-    if unit.file != progress.current_file:
-        progress.current_file, progress.records_before = unit.file, 0
-    base = progress.records_before
-    for batch in out.batches:
-        positions = batch.column(0).to_numpy()
-        ids = batch.column(1).to_pylist()
-        errors = batch.column(3).to_pylist()
-        tokens = batch.column(2)
-        offsets = tokens.offsets.to_numpy()
-        values = tokens.values.to_numpy(zero_copy_only=False)
-        for i, pos in enumerate(positions.tolist()):
-            record = base + pos
-            if errors[i] is not None:
-                progress.errors += 1
-                where = {"line": record + 1} if unit.kind == "jsonl" else {"row": record} \
-                    if unit.kind == "parquet" else {"document": record}
-                errlog.write(json.dumps({"file": unit.file, **where, "id": ids[i], "reason": errors[i]}) + "\n")
-                if progress.errors > cfg.max_errors:
-                    errlog.flush()
-                    where_text = ", ".join(f"{k} {v}" for k, v in where.items())
-                    raise InputError(f"{unit.file} {where_text}: {errors[i]} — {progress.errors} bad records, "
-                                     f"more than --max-errors {cfg.max_errors}; see {errors_path}")
-                continue
-            doc_id = ids[i]
-            if doc_id is None:
-                doc_id = name if unit.kind == "text" else f"{name}:{record + 1 if unit.kind == 'jsonl' else record}"
-            split = "val" if in_val_split(doc_id, cfg.seed, cfg.val_fraction) else "train"
-            doc = values[offsets[i]:offsets[i + 1]]
-            writers[split].write(doc, doc_id)
-            progress.documents += 1
-            progress.tokens += int(doc.size)
-    progress.records_before += out.stats.records
-    progress.text_bytes += out.stats.text_bytes
-    out.cleanup()
 
 
 def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, tok, started: float) -> Summary:
