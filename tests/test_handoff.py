@@ -130,6 +130,31 @@ def test_break_and_persistent_workers(ds_path):
     assert loader._pool is None
 
 
+def test_persistent_workers_serve_consecutive_epochs(ds_path):
+    """The same worker processes go from one finished epoch to the next (their slots and semaphores reset)."""
+    plain = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4, copy=True)
+    want = [[b["input_ids"] for b in plain] for _ in range(2)]
+    loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4, num_workers=2,
+                                 persistent_workers=True, copy=True)
+    got = [[b["input_ids"] for b in loader] for _ in range(2)]
+    assert not all(torch.equal(a, b) for a, b in zip(want[0], want[1]))  # epochs differ
+    for g, w in zip(got, want):
+        assert len(g) == len(w) and all(torch.equal(a, b) for a, b in zip(g, w))
+    loader.close()
+
+
+def test_spawned_workers_give_the_same_batches(ds_path):
+    want = reference(ds_path, 12)
+    loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4, num_workers=2,
+                                 multiprocessing_context="spawn")
+    got = []
+    for b in loader:
+        got.append(b["input_ids"].clone())
+        if len(got) == 12:
+            break
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_partial_last_batch_without_drop_last(ds_path):
     ds = StreamingDataset(ds_path, seq_len=SEQ)
     batches = list(StreamingDataLoader(ds, batch_size=7, num_workers=2, drop_last=False, copy=True))

@@ -346,3 +346,30 @@ def test_a_proof_is_remembered_per_file_and_engine_versions(tmp_path, monkeypatc
     assert second.engine == "tiktoken" and "proof cached on this machine" in second.engine_reason
     text = "Hello <|endoftext|> world 1234"
     assert [a.tolist() for a in second.encode_batch([text])] == [a.tolist() for a in first.encode_batch([text])]
+
+
+def test_remembered_ranks_skip_the_conversion_and_a_damaged_record_is_ignored(tmp_path, monkeypatch):
+    import dataflow.preprocess.tokenizers as toks
+
+    monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path))
+    monkeypatch.setattr(toks, "_PROVEN", {})
+    first = toks.load_tokenizer(str(GPT2_JSON))
+    text = ["Hello <|endoftext|> world 1234", "  spaces\tand\nnewlines ünïcödé 🙂"]
+    want = [a.tolist() for a in first.encode_batch(text)]
+
+    def no_conversion(obj):
+        raise AssertionError("converted again although the ranks were remembered")
+
+    monkeypatch.setattr(bpe_convert, "convert", no_conversion)
+    monkeypatch.setattr(toks, "_PROVEN", {})
+    second = toks.load_tokenizer(str(GPT2_JSON))
+    assert second.engine == "tiktoken" and [a.tolist() for a in second.encode_batch(text)] == want
+
+    monkeypatch.undo()
+    monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path))
+    monkeypatch.setattr(toks, "_PROVEN", {})
+    (record,) = tmp_path.iterdir()
+    record.write_text(record.read_text()[:1000])  # cut short: not JSON any more
+    third = toks.load_tokenizer(str(GPT2_JSON))
+    assert third.engine == "tiktoken" and "cached" not in third.engine_reason
+    assert [a.tolist() for a in third.encode_batch(text)] == want

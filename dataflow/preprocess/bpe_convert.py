@@ -10,6 +10,8 @@ first, and merge order is rank order. `convert` checks the structure and says wh
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 from dataclasses import dataclass, field
@@ -299,32 +301,49 @@ def first_mismatch(expected: Callable[[list[str]], list[list[int]]],
     return None
 
 
+CONVERSION_VERSION = 1  # bump when `convert` may derive other ranks or patterns: remembered ones are then unused
+
+
 def _proof_path(sha256: str) -> str:
-    """Where a proof is remembered: keyed by the file and by both engines' versions."""
+    """Where a proof is remembered: keyed by the file, the conversion and both engines' versions."""
     import tiktoken
     import tokenizers
 
     root = os.environ.get("DATAFLOW_PROOF_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dataflow", "engine-proofs")
-    return os.path.join(root, f"{sha256}-tiktoken{tiktoken.__version__}-tokenizers{tokenizers.__version__}.json")
+    return os.path.join(root, f"{sha256}-conv{CONVERSION_VERSION}-tiktoken{tiktoken.__version__}"
+                              f"-tokenizers{tokenizers.__version__}.json")
 
 
-def recall_proof(sha256: str) -> str | None:
-    """What an earlier run on this machine proved for this file with these engine versions, if any."""
+@dataclass
+class Recalled:
+    """A proof remembered on this machine, with the conversion it proved (what tiktoken needs)."""
+
+    proof: str
+    pat_str: str
+    mergeable_ranks: dict[bytes, int]
+    special_tokens: dict[str, int]
+
+
+def recall_proof(sha256: str) -> Recalled | None:
+    """What an earlier run on this machine proved for this file with these versions, if anything: loading
+    the remembered ranks skips parsing the JSON and converting the vocabulary (most of a load)."""
     try:
         with open(_proof_path(sha256)) as f:
-            return json.load(f)["proof"]
-    except (OSError, ValueError, KeyError):
+            d = json.load(f)
+        ranks = {binascii.a2b_base64(token): rank for token, rank in d["ranks"]}
+        return Recalled(d["proof"], d["pat_str"], ranks, d["special_tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def remember_proof(sha256: str, proof: str) -> None:
-    """Best effort: a read-only home only means the next run proves again."""
-    if "(proof cached" in proof:
-        return
+def remember_proof(sha256: str, proof: str, conv: Conversion) -> None:
+    """Best effort: a read-only home only means the next run converts and proves again."""
     try:
         path = _proof_path(sha256)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_json_atomic(path, {"sha256": sha256, "proof": proof})
+        ranks = [[base64.b64encode(token).decode("ascii"), rank] for token, rank in conv.mergeable_ranks.items()]
+        write_json_atomic(path, {"sha256": sha256, "proof": proof, "pat_str": conv.pat_str,
+                                 "special_tokens": conv.special_tokens, "ranks": ranks})
     except OSError:
         pass

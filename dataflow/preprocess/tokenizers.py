@@ -198,8 +198,7 @@ class HFTokenizer(Tokenizer):
         """
         if self._sha256 not in _PROVEN:
             try:
-                _PROVEN[self._sha256] = self._proven_before(data) or self._build_and_prove(data)
-                bpe_convert.remember_proof(self._sha256, _PROVEN[self._sha256][1])
+                _PROVEN[self._sha256] = self._proven_before() or self._build_and_prove(data)
             except NotConvertible as e:
                 _PROVEN[self._sha256] = (None, str(e))
         enc, text = _PROVEN[self._sha256]
@@ -207,29 +206,32 @@ class HFTokenizer(Tokenizer):
             raise NotConvertible(text)
         return enc, text
 
-    def _proven_before(self, data: bytes) -> tuple[tiktoken.Encoding, str] | None:
-        """The Encoding without repeating the comparisons, when this machine proved the same file with
-        the same library versions before (the per-process sample check still runs)."""
-        proof = bpe_convert.recall_proof(self._sha256)
-        if proof is None:
+    def _proven_before(self) -> tuple[tiktoken.Encoding, str] | None:
+        """The Encoding from the ranks remembered with an earlier proof of the same file on this machine
+        (same conversion and library versions): no conversion, no comparisons. The per-process check
+        of real input still runs."""
+        recalled = bpe_convert.recall_proof(self._sha256)
+        if recalled is None:
             return None
-        enc, _ = self._build(data)
-        return enc, proof + " (proof cached on this machine)"
+        enc = self._encoding(recalled.pat_str, recalled.mergeable_ranks, recalled.special_tokens)
+        return enc, recalled.proof + " (proof cached on this machine)"
 
-    def _build(self, data: bytes) -> tuple[tiktoken.Encoding, Any]:
+    def _encoding(self, pat_str: str, ranks: dict[bytes, int], specials: dict[str, int]) -> tiktoken.Encoding:
         import tiktoken
 
+        try:
+            return tiktoken.Encoding(f"dataflow-{self._sha256[:12]}", pat_str=pat_str, mergeable_ranks=ranks,
+                                     special_tokens=specials)
+        except Exception as e:  # a regex the tiktoken engine cannot compile, mostly
+            raise NotConvertible(f"tiktoken rejects the conversion ({e})") from None
+
+    def _build(self, data: bytes) -> tuple[tiktoken.Encoding, Any]:
         try:
             obj = bpe_convert.parse_tokenizer_json(data)
         except ValueError as e:
             raise NotConvertible(f"cannot parse the JSON ({e})") from None
         conv = bpe_convert.convert(obj)
-        try:
-            enc = tiktoken.Encoding(f"dataflow-{self._sha256[:12]}", pat_str=conv.pat_str,
-                                    mergeable_ranks=conv.mergeable_ranks, special_tokens=conv.special_tokens)
-        except Exception as e:  # a regex the tiktoken engine cannot compile, mostly
-            raise NotConvertible(f"tiktoken rejects the conversion ({e})") from None
-        return enc, (obj, conv)
+        return self._encoding(conv.pat_str, conv.mergeable_ranks, conv.special_tokens), (obj, conv)
 
     def _build_and_prove(self, data: bytes) -> tuple[tiktoken.Encoding, str]:
         """Convert, build the Encoding and compare it with tokenizers on the probe (and the vocab)."""
@@ -244,9 +246,11 @@ class HFTokenizer(Tokenizer):
         if why:
             raise NotConvertible(why)
         left_out = f"; {len(conv.skipped)} vocab tokens no merge can make left out" if conv.skipped else ""
-        return enc, (f"ranks and split pattern ({conv.pattern_source}) derived from tokenizer.json{left_out}, "
-                     f"equivalence proven on the probe ({len(probe)} texts)"
-                     + (f" + all {len(vocab_texts)} vocab tokens" if vocab_texts else ""))
+        proof = (f"ranks and split pattern ({conv.pattern_source}) derived from tokenizer.json{left_out}, "
+                 f"equivalence proven on the probe ({len(probe)} texts)"
+                 + (f" + all {len(vocab_texts)} vocab tokens" if vocab_texts else ""))
+        bpe_convert.remember_proof(self._sha256, proof, conv)
+        return enc, proof
 
     def _check_sample(self, texts: list[str], got: list[np.ndarray]) -> list[np.ndarray]:
         """Compare the first SAMPLE_CHARS characters this process encodes; on a difference, use tokenizers."""
