@@ -21,3 +21,17 @@ def kjv() -> pathlib.Path:
     if not KJV.exists():
         pytest.fail(f"real test data missing: {KJV}")
     return KJV
+
+
+def write_counting_dataset(out, tokens: int, docs: int, shard_size: str) -> str:
+    """A dataset whose tokens count 0, 1, 2, ... (mod 65,000) across `docs` documents: every window is
+    identifiable, so order and values can be checked exactly."""
+    import numpy as np
+
+    from dataflow import ShardWriter, TokenizerMeta
+
+    meta = TokenizerMeta(kind="hf", name="counting", vocab_size=65536, eos_id=65535)
+    with ShardWriter(str(out), tokenizer_meta=meta, shard_size=shard_size) as w:
+        for doc in np.array_split(np.arange(tokens) % 65_000, docs):
+            w.write(doc)
+    return str(out)

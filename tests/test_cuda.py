@@ -4,11 +4,11 @@ Skipped (cleanly, with the reason) on machines without a CUDA device; `tools/gpu
 what these only assert.
 """
 
-import numpy as np
 import pytest
 import torch
 
-from dataflow import DevicePrefetcher, ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
+from conftest import write_counting_dataset
+from dataflow import DevicePrefetcher, StreamingDataLoader, StreamingDataset
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -17,12 +17,7 @@ SEQ = 64
 
 @pytest.fixture(scope="module")
 def ds_path(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cuda")
-    meta = TokenizerMeta(kind="hf", name="counting", vocab_size=65536, eos_id=65535)
-    with ShardWriter(str(out), tokenizer_meta=meta, shard_size="64KB") as w:
-        for doc in np.array_split(np.arange(200_000) % 65_000, 500):
-            w.write(doc)
-    return str(out)
+    return write_counting_dataset(tmp_path_factory.mktemp("cuda"), 200_000, 500, "64KB")
 
 
 def reference(ds_path):

@@ -4,11 +4,11 @@ import os
 import signal
 import time
 
-import numpy as np
 import pytest
 import torch
 
-from dataflow import DataflowError, ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
+from conftest import write_counting_dataset
+from dataflow import DataflowError, StreamingDataLoader, StreamingDataset
 from dataflow.loading.handoff import WorkerDied
 
 SEQ = 32
@@ -16,12 +16,7 @@ SEQ = 32
 
 @pytest.fixture(scope="module")
 def ds_path(tmp_path_factory):
-    out = tmp_path_factory.mktemp("handoff")
-    meta = TokenizerMeta(kind="hf", name="counting", vocab_size=65536, eos_id=65535)
-    with ShardWriter(str(out), tokenizer_meta=meta, shard_size="16KB") as w:
-        for doc in np.array_split(np.arange(60_000), 200):
-            w.write(doc)
-    return str(out)
+    return write_counting_dataset(tmp_path_factory.mktemp("handoff"), 60_000, 200, "16KB")
 
 
 class SlowDataset(StreamingDataset):

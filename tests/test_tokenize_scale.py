@@ -94,21 +94,27 @@ def test_kill_9_and_resume_gives_identical_bytes(corpus, tmp_path):
     assert "resumed_from_unit" in json.loads(p.stdout)
 
 
-def test_committed_units_are_not_redone(corpus, tmp_path):
-    out = tmp_path / "o"
+def kill_once_committed(corpus, out, units):
+    """Start a 1-worker run and kill -9 it once its journal has committed `units` units; returns the journal."""
     args = [*DATAFLOW, "tokenize", str(corpus), "-o", str(out), "--no-progress", "--shard-size", "512KB",
             "--unit-size", "256KB", "--workers", "1"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = out / "_work" / "task-00000" / "journal.json"
     while proc.poll() is None:
         try:
-            if json.loads(journal.read_text())["next_unit"] >= 5:
+            if json.loads(journal.read_text())["next_unit"] >= units:
                 break
         except (OSError, ValueError):
             pass
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    return journal
+
+
+def test_committed_units_are_not_redone(corpus, tmp_path):
+    out = tmp_path / "o"
+    journal = kill_once_committed(corpus, out, 5)
     done = json.loads(journal.read_text())["next_unit"]
     summary = json.loads(tokenize(corpus, out, "--workers", "1", "--json").stdout)
     assert summary["resumed_from_unit"] == done >= 5
@@ -116,14 +122,7 @@ def test_committed_units_are_not_redone(corpus, tmp_path):
 
 def test_a_journal_of_another_version_is_refused_not_misread(corpus, tmp_path):
     out = tmp_path / "o"
-    args = [*DATAFLOW, "tokenize", str(corpus), "-o", str(out), "--no-progress", "--shard-size", "512KB",
-            "--unit-size", "256KB", "--workers", "1"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    journal = out / "_work" / "task-00000" / "journal.json"
-    while proc.poll() is None and not journal.exists():
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    journal = kill_once_committed(corpus, out, 1)
     old = json.loads(journal.read_text())
     old.pop("version")  # as the first journal format wrote it, with per-document spills
     journal.write_text(json.dumps(old))
