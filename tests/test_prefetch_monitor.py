@@ -95,3 +95,17 @@ def test_pinned_ring_allocates_once_per_slot_and_layout(monkeypatch):
     assert stats.host_allocations == 3 and len(slots) == 3  # warm-up only, then reused
     ring.take({"input_ids": torch.zeros(3, 16, dtype=torch.int64)})  # a new layout (a last partial batch)
     assert stats.host_allocations == 4
+
+
+def test_gpu_check_script_runs_dry_on_the_cpu(tmp_path):
+    """tools/gpu_check.py is run once on a GPU machine, when one is lent: its loader and trainer parts
+    must not fail there for a reason a CPU shows first."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, os.path.join(root, "tools", "gpu_check.py"), "--dry-run", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "loader workers=2: wait" in p.stdout and "starvation:" in p.stdout

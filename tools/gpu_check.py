@@ -6,6 +6,7 @@
 4. the trainer's tokens/s and data-wait % for a short GPU run.
 
     python tools/gpu_check.py [--out gpu-check-out]
+    python tools/gpu_check.py --dry-run     # no GPU: parts 3 and 4 on the CPU, tiny, to test this script
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def overlap() -> None:
           f"(sum {1e3 * (c + m):.1f} ms): {'OVERLAP' if both < 0.85 * (c + m) else 'no overlap'}")
 
 
-def make_dataset(path: str, tokens: int = 40_000_000) -> str:
+def make_dataset(path: str, tokens: int) -> str:
     from dataflow import ShardWriter, TokenizerMeta
 
     if os.path.exists(os.path.join(path, "index.json")):
@@ -81,23 +82,25 @@ def make_dataset(path: str, tokens: int = 40_000_000) -> str:
     return path
 
 
-def prefetch_vs_step(data: str) -> None:
+def prefetch_vs_step(data: str, device: str, steps: int) -> None:
     from dataflow import DevicePrefetcher, StarvationMonitor, StreamingDataLoader, StreamingDataset
 
-    dev = torch.device("cuda")
-    w = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    cuda = device == "cuda"
+    n = 2048 if cuda else 128  # the "model": a chain of n x n matmuls on each batch
+    w = torch.randn(n, n, device=device, dtype=torch.bfloat16 if cuda else torch.float32)
     for workers in (0, 2):
         loader = StreamingDataLoader(StreamingDataset(data, seq_len=2048), batch_size=8, num_workers=workers,
-                                     pin_memory=True)
-        pf = DevicePrefetcher(loader, device="cuda", depth=2)
+                                     pin_memory=cuda)
+        pf = DevicePrefetcher(loader, device=device, depth=2)
         mon = StarvationMonitor()
         for i, batch in enumerate(mon.wrap(pf)):
             with mon.step():
-                x = batch["input_ids"].float().to(torch.bfloat16)[:, :2048] @ w[:2048, :2048]
+                x = batch["input_ids"][:, :n].to(w.dtype) @ w
                 for _ in range(6):
-                    x = x @ w[:2048, :2048]
-                torch.cuda.synchronize()
-            if i == 300:
+                    x = x @ w
+                if cuda:
+                    torch.cuda.synchronize()
+            if i == steps:
                 break
         s = mon.summary()
         print(f"  loader workers={workers}: wait {1e3 * s['data_wait_s'] / max(s['steps'], 1):.3f} ms/batch vs step "
@@ -106,33 +109,56 @@ def prefetch_vs_step(data: str) -> None:
         loader.close()
 
 
-def trainer_run(data: str, out: str) -> None:
-    cmd = [sys.executable, "-m", "trainer", "--config", os.path.join(ROOT, "configs", "gpt2-124m.toml"),
-           "--set", f"data.path={data}", "--set", "train.steps=60", "--set", "log.every=10",
-           "--set", f"checkpoint.dir={out}/ckpt", "--set", "checkpoint.resume=none",
-           "--set", f"log.jsonl={out}/metrics.jsonl"]
-    print("  $ " + " ".join(cmd))
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240)
+def trainer_run(data: str, out: str, dry_run: bool) -> None:
+    """GPT-2 small (bf16, compiled, 4 loader workers) for 40 steps of 131K tokens; tiny on the CPU."""
+    sets = [f"data.path={data}", "train.steps=40", "train.grad_accum=4", "train.warmup_steps=10",
+            "train.eval_every=0", "log.every=10", f"checkpoint.dir={out}/ckpt", "checkpoint.resume=none",
+            f"log.jsonl={out}/metrics.jsonl"]
+    if dry_run:
+        sets += ["train.steps=4", "train.grad_accum=1", "train.device=cpu", "train.precision=fp32",
+                 "train.compile=false", "model.n_layer=2", "model.n_head=2", "model.d_model=64",
+                 "data.seq_len=128", "data.batch_size=4", "data.num_workers=1", "log.every=2"]
+    cmd = [sys.executable, "-m", "trainer", "--config", os.path.join(ROOT, "configs", "gpt2-124m.toml")]
+    for item in sets:
+        cmd += ["--set", item]
+    print("  $ " + " ".join(cmd), flush=True)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        print(f"  trainer did not finish in {e.timeout:.0f} s; its last output:")
+        p = subprocess.CompletedProcess(cmd, -1, (e.stdout or b"").decode(errors="replace"),
+                                        (e.stderr or b"").decode(errors="replace"))
     print("\n".join("  " + line for line in (p.stdout + p.stderr).strip().splitlines()[-12:]))
+    if p.returncode:
+        raise SystemExit(f"trainer exited with {p.returncode}")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(ROOT, "gpu-check-out"))
+    p.add_argument("--dry-run", action="store_true", help="no GPU needed: parts 3 and 4, tiny, on the CPU")
     args = p.parse_args()
+    if args.dry_run:
+        print(f"dry run on the CPU, torch {torch.__version__}", flush=True)
+        data = make_dataset(os.path.join(args.out, "data-dry"), 400_000)
+        print("3. prefetcher wait per batch vs a model step", flush=True)
+        prefetch_vs_step(data, "cpu", steps=10)
+        print("4. trainer, short run", flush=True)
+        trainer_run(data, args.out, dry_run=True)
+        return 0
     if not torch.cuda.is_available():
-        print("no CUDA device: nothing to check here")
+        print("no CUDA device: nothing to check here (--dry-run tests this script on the CPU)")
         return 1
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("1. bandwidth")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    print("1. bandwidth", flush=True)
     bandwidth()
-    print("2. overlap")
+    print("2. overlap", flush=True)
     overlap()
-    data = make_dataset(os.path.join(args.out, "data"))
-    print("3. prefetcher wait per batch vs a model step")
-    prefetch_vs_step(data)
-    print("4. trainer, short GPU run")
-    trainer_run(data, args.out)
+    data = make_dataset(os.path.join(args.out, "data"), 40_000_000)
+    print("3. prefetcher wait per batch vs a model step", flush=True)
+    prefetch_vs_step(data, "cuda", steps=300)
+    print("4. trainer, short GPU run", flush=True)
+    trainer_run(data, args.out, dry_run=False)
     return 0
 
 
