@@ -138,29 +138,23 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "gpu-check-out"))
     p.add_argument("--dry-run", action="store_true", help="no GPU needed: parts 3 and 4, tiny, on the CPU")
     args = p.parse_args()
-    if args.dry_run:
-        print(f"dry run on the CPU, torch {torch.__version__}", flush=True)
-        data = make_dataset(os.path.join(args.out, "data-dry"), 400_000)
-        print("3. prefetcher wait per batch vs a model step", flush=True)
-        prefetch_vs_step(data, "cpu", steps=10)
-        print("4. trainer, short run", flush=True)
-        trainer_run(data, args.out, dry_run=True)
-        return 0
-    if not torch.cuda.is_available():
+    dry = args.dry_run
+    if not dry and not torch.cuda.is_available():
         print("no CUDA device: nothing to check here (--dry-run tests this script on the CPU)")
         return 1
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    print("1. bandwidth", flush=True)
-    bandwidth()
-    print("2. overlap", flush=True)
-    overlap()
-    data = make_dataset(os.path.join(args.out, "data"), 40_000_000)
+    print(f"dry run on the CPU, torch {torch.__version__}" if dry else
+          f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if not dry:
+        print("1. bandwidth", flush=True)
+        bandwidth()
+        print("2. overlap", flush=True)
+        overlap()
+    data = make_dataset(os.path.join(args.out, "data-dry" if dry else "data"), 400_000 if dry else 40_000_000)
     print("3. prefetcher wait per batch vs a model step", flush=True)
-    prefetch_vs_step(data, "cuda", steps=300)
-    print("4. trainer, short GPU run", flush=True)
-    trainer_run(data, args.out, dry_run=False)
+    prefetch_vs_step(data, "cpu" if dry else "cuda", steps=10 if dry else 300)
+    print("4. trainer, short run", flush=True)
+    trainer_run(data, args.out, dry_run=dry)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
