@@ -107,6 +107,17 @@ def test_dead_worker_is_reported_not_a_hang(ds_path):
                 os.kill(loader._pool.pids()[1], signal.SIGKILL)
 
 
+def test_a_stalled_worker_hits_the_timeout(ds_path):
+    ds = SlowDataset(ds_path, seq_len=SEQ)
+    ds.delay = 30.0
+    loader = StreamingDataLoader(ds, batch_size=4, num_workers=2, timeout=0.3)
+    t0 = time.perf_counter()
+    with pytest.raises(DataflowError, match="produced no batch in 0.3 s"):
+        next(iter(loader))
+    assert time.perf_counter() - t0 < 15.0  # far sooner than the stalled batch (workers stopped, not awaited)
+    loader.close()
+
+
 def test_break_and_persistent_workers(ds_path):
     ds = StreamingDataset(ds_path, seq_len=SEQ, seed=5)
     loader = StreamingDataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, copy=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import multiprocessing.connection as mpc
 import pickle
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -299,8 +300,10 @@ class WorkerPool:
                 c.send(("stop",))
             except (BrokenPipeError, OSError):
                 pass
+        deadline = time.monotonic() + 2  # one grace period for all: a stalled worker is then terminated
         for p in self.procs:
-            p.join(timeout=2)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=2)
