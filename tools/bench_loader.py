@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tools.peers.common import Ctx  # noqa: E402
-from tools.peers.procs import last_error, machine, run_measured  # noqa: E402
+from tools.peers.procs import last_error, machine, run_case, run_measured  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 HARNESS = os.path.join(ROOT, "tools", "peers", "harness.py")
@@ -145,21 +145,10 @@ def main() -> int:
                 row["error"] = failed[peer]
             else:
                 out = os.path.join(ctx.work, f"result-{peer}-{setting}-{w}.json")
-                if os.path.exists(out):
-                    os.remove(out)
                 cmd = [sys.executable, HARNESS, "loader-run", peer, setting, "--work", ctx.work, "--workers", str(w),
                        "--batches", str(args.batches), "--repeats", str(args.repeats),
                        "--max-seconds", str(args.max_seconds), "--out", out]
-                r = run_measured(cmd, args.timeout, env)
-                res = {}
-                if os.path.exists(out):
-                    with open(out) as f:
-                        res = json.load(f)
-                if r["rc"] == "timeout":
-                    res = {"error": f"timed out after {args.timeout:.0f} s"}
-                elif r["rc"] != 0 and "error" not in res:
-                    res = {"error": f"exit {r['rc']}: {last_error(r['log'])}"}
-                row.update(res, peak_mb=r["peak_mb"])
+                row.update(run_case(cmd, out, args.timeout, env))
             results.append(row)
             if "error" in row:
                 print(f"{label:<40} {w:>7} FAILED: {row['error']}", flush=True)

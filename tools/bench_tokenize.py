@@ -19,12 +19,11 @@ import collections
 import json
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tools.peers.procs import last_error, machine, run_measured  # noqa: E402
+from tools.peers.procs import machine, run_case  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 HARNESS = os.path.join(ROOT, "tools", "peers", "harness.py")
@@ -92,21 +91,9 @@ def main() -> int:
     for w in [int(x) for x in args.workers.split(",")]:
         for peer, setting, label in cases:
             out = os.path.join(work, f"result-{peer}-{setting}-{w}.json")
-            for f in (out, out + ".hashes.json"):
-                if os.path.exists(f):
-                    os.remove(f)
             cmd = [sys.executable, HARNESS, "tokenize-run", peer, setting, "--work", work, "--workers", str(w), "--out", out]
-            r = run_measured(cmd, args.timeout, env)
-            row = {"peer": peer, "setting": setting, "label": label, "workers": w, "peak_mb": r["peak_mb"]}
-            res = {}
-            if os.path.exists(out):
-                with open(out) as f:
-                    res = json.load(f)
-            if r["rc"] == "timeout":
-                res = {"error": f"timed out after {args.timeout:.0f} s"}
-            elif r["rc"] != 0 and "error" not in res:
-                res = {"error": f"exit {r['rc']}: {last_error(r['log'])}"}
-            row.update(res)
+            row = {"peer": peer, "setting": setting, "label": label, "workers": w}
+            row.update(run_case(cmd, out, args.timeout, env))
             if "error" not in row:
                 row["mb_per_s"] = text / 1e6 / row["seconds"]
                 row["tokens_per_s"] = row["tokens"] / row["seconds"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -72,6 +73,24 @@ def run_measured(cmd: list[str], timeout: float, env: dict | None = None, interv
     stop.set()
     th.join()
     return {"rc": rc, "wall_s": time.perf_counter() - t0, "peak_mb": peak[0], "log": (out or "")[-4000:]}
+
+
+def run_case(cmd: list[str], out: str, timeout: float, env: dict | None = None) -> dict:
+    """Runs one harness case that writes its result JSON to `out`; returns that result plus peak_mb, or
+    {"error": why, "peak_mb": ...} when it timed out or failed without saying why itself."""
+    for stale in (out, out + ".hashes.json"):
+        if os.path.exists(stale):
+            os.remove(stale)
+    r = run_measured(cmd, timeout, env)
+    res = {}
+    if os.path.exists(out):
+        with open(out) as f:
+            res = json.load(f)
+    if r["rc"] == "timeout":
+        res = {"error": f"timed out after {timeout:.0f} s"}
+    elif r["rc"] != 0 and "error" not in res:
+        res = {"error": f"exit {r['rc']}: {last_error(r['log'])}"}
+    return {**res, "peak_mb": r["peak_mb"]}
 
 
 def last_error(log: str) -> str:
