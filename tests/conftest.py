@@ -35,3 +35,18 @@ def write_counting_dataset(out, tokens: int, docs: int, shard_size: str) -> str:
         for doc in np.array_split(np.arange(tokens) % 65_000, docs):
             w.write(doc)
     return str(out)
+
+
+def write_random_dataset(out, docs: int, seed: int, min_len: int, max_len: int = 2000) -> str:
+    """Byte-vocabulary documents of random tokens and lengths in [min_len, max_len), ids d0, d1, ...;
+    64 KB shards."""
+    import numpy as np
+
+    from dataflow import ShardWriter, TokenizerMeta
+
+    meta = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
+    rng = np.random.default_rng(seed)
+    with ShardWriter(str(out), tokenizer_meta=meta, shard_size="64KB") as w:
+        for i in range(docs):
+            w.write(rng.integers(0, 256, size=int(rng.integers(min_len, max_len))).astype(np.uint16), id=f"d{i}")
+    return str(out)

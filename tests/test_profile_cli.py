@@ -3,27 +3,19 @@
 import json
 import sys
 
-import numpy as np
 import pytest
 
-from dataflow import ShardWriter, TokenizerMeta
+from conftest import write_random_dataset
 from dataflow.cli import main as dataflow_main
 
 
 def main(argv):
     return dataflow_main(["profile", *argv])
 
-BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
-
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile-cli") / "ds"
-    rng = np.random.default_rng(1)
-    with ShardWriter(str(out), tokenizer_meta=BYTES, shard_size="64KB") as w:
-        for i in range(150):
-            w.write(rng.integers(0, 256, size=int(rng.integers(100, 2000))).astype(np.uint16), id=f"d{i}")
-    return str(out)
+    return write_random_dataset(tmp_path_factory.mktemp("profile-cli") / "ds", 150, seed=1, min_len=100)
 
 
 def test_json_trace_and_plot(ds, tmp_path, capsys):

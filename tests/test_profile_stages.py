@@ -3,27 +3,19 @@ recommends more workers for a loader that cannot keep up. Ratios of injected sle
 
 import time
 
-import numpy as np
 import pytest
 
-from dataflow import ShardWriter, StarvationMonitor, StreamingDataLoader, StreamingDataset, TokenizerMeta
+from conftest import write_random_dataset
+from dataflow import StarvationMonitor, StreamingDataLoader, StreamingDataset
 from dataflow.loading.shards import OpenShard
 from dataflow.profiling.consumers import sleeper
 from dataflow.profiling.profile import RunSettings, run_config
 from dataflow.profiling.sweep import parse_sweep, recommend, sweep
 from dataflow.errors import ConfigError
 
-BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
-
-
 @pytest.fixture(scope="module")
 def small_ds(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile") / "ds"
-    rng = np.random.default_rng(0)
-    with ShardWriter(str(out), tokenizer_meta=BYTES, shard_size="64KB") as w:
-        for i in range(120):
-            w.write(rng.integers(0, 256, size=int(rng.integers(200, 2000))).astype(np.uint16), id=f"d{i}")
-    return str(out)
+    return write_random_dataset(tmp_path_factory.mktemp("profile") / "ds", 120, seed=0, min_len=200)
 
 
 def slow_reads(monkeypatch, seconds):
