@@ -197,7 +197,6 @@ class WorkerPool:
             self.procs.append(p)
         self.job = 0
         self._running: list[int] = [0] * num_workers  # the job each worker has not yet reported ended
-        self.stage_totals: dict[str, float] = {}
         self.stage_by_worker: list[dict[str, float]] = [{} for _ in range(num_workers)]
 
     def run(self, epoch: int, consumed: int, num_batches: int, batch_size: int) -> Iterator[dict[str, Any]]:
@@ -289,7 +288,6 @@ class WorkerPool:
     def _add_stages(self, w: int, row: list[float]) -> None:
         mine = self.stage_by_worker[w]
         for name, v in zip(self.stages, row[3:]):
-            self.stage_totals[name] = self.stage_totals.get(name, 0.0) + v
             mine[name] = mine.get(name, 0.0) + v
 
     def close(self) -> None:

@@ -18,6 +18,12 @@ from dataflow.loading.dataset import STAGES, StreamingDataset
 from dataflow.loading.handoff import WorkerPool
 
 
+def _add(into: dict[str, float], more: dict[str, float]) -> None:
+    """Add stage seconds into a running total."""
+    for k, v in more.items():
+        into[k] = into.get(k, 0.0) + v
+
+
 class _BatchStream(IterableDataset):
     """Whole-document batches through torch's DataLoader (variable sizes do not fit a fixed ring)."""
 
@@ -65,8 +71,8 @@ class StreamingDataLoader:
         self.lifetime, self.copy = lifetime, copy
         self.batches_yielded = 0  # in the current iteration
         self._pool: WorkerPool | None = None
-        self._stages: dict[str, float] = {}  # main-process stages (num_workers=0) and closed pools'
-        self._stages_by_worker: dict[int, dict[str, float]] = {}
+        self._stages: dict[str, float] = {}  # stages run in this process (num_workers=0)
+        self._stages_by_worker: dict[int, dict[str, float]] = {}  # those of closed worker pools
 
     def __len__(self) -> int:
         """Batches left in the current epoch for this rank (the same on every rank)."""
@@ -113,8 +119,8 @@ class StreamingDataLoader:
         """Time per pipeline stage since the loader was made (fetch, read/decompress, shuffle, collate),
         summed over workers (or spent in the main process without workers); kept across epochs."""
         out = dict(self._stages)
-        for k, v in (self._pool.stage_totals if self._pool else {}).items():
-            out[k] = out.get(k, 0.0) + v
+        for d in self.stage_seconds_by_worker.values():
+            _add(out, d)
         return out
 
     @property
@@ -122,20 +128,14 @@ class StreamingDataLoader:
         """`stage_seconds` of each worker process (a slow or starved worker stands out)."""
         out = {w: dict(d) for w, d in self._stages_by_worker.items()}
         for w, d in enumerate(self._pool.stage_by_worker if self._pool else []):
-            mine = out.setdefault(w, {})
-            for k, v in d.items():
-                mine[k] = mine.get(k, 0.0) + v
+            _add(out.setdefault(w, {}), d)
         return out
 
     def close(self) -> None:
         """Stop the worker processes (also done at the end of each epoch unless persistent_workers)."""
         if self._pool is not None:
-            for k, v in self._pool.stage_totals.items():
-                self._stages[k] = self._stages.get(k, 0.0) + v
             for w, d in enumerate(self._pool.stage_by_worker):
-                mine = self._stages_by_worker.setdefault(w, {})
-                for k, v in d.items():
-                    mine[k] = mine.get(k, 0.0) + v
+                _add(self._stages_by_worker.setdefault(w, {}), d)
             self._pool.close()
             self._pool = None
 
