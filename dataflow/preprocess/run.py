@@ -3,8 +3,8 @@
 Workers tokenize units in any order; the main process commits their outputs strictly in unit order
 into `ShardWriter`s, so shard boundaries and bytes depend only on the data, never on the number of
 workers, the executor or interruptions. Ids, the validation split and error counting happen at commit
-time, in input order, for the same reason (`commit.py`). After each unit the journal (`journal.py`) records the
-progress, so a rerun of the same command continues where a crash stopped it.
+time (`commit.py`), in input order, for the same reason. After each unit the journal (`journal.py`)
+records the progress, so a rerun of the same command continues where a crash stopped it.
 """
 
 from __future__ import annotations

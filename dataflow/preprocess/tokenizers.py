@@ -19,7 +19,7 @@ import logging
 import os
 import shutil
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import fsspec
 import numpy as np
@@ -225,17 +225,14 @@ class HFTokenizer(Tokenizer):
         except Exception as e:  # a regex the tiktoken engine cannot compile, mostly
             raise NotConvertible(f"tiktoken rejects the conversion ({e})") from None
 
-    def _build(self, data: bytes) -> tuple[tiktoken.Encoding, Any]:
+    def _build_and_prove(self, data: bytes) -> tuple[tiktoken.Encoding, str]:
+        """Convert, build the Encoding and compare it with tokenizers on the probe (and the vocab)."""
         try:
             obj = bpe_convert.parse_tokenizer_json(data)
         except ValueError as e:
             raise NotConvertible(f"cannot parse the JSON ({e})") from None
         conv = bpe_convert.convert(obj)
-        return self._encoding(conv.pat_str, conv.mergeable_ranks, conv.special_tokens), (obj, conv)
-
-    def _build_and_prove(self, data: bytes) -> tuple[tiktoken.Encoding, str]:
-        """Convert, build the Encoding and compare it with tokenizers on the probe (and the vocab)."""
-        enc, (obj, conv) = self._build(data)
+        enc = self._encoding(conv.pat_str, conv.mergeable_ranks, conv.special_tokens)
         specials = [t["content"] for t in obj.get("added_tokens") or []]
         probe = bpe_convert.probe_texts(specials)
         # Without ignore_merges, tokenizers runs BPE on a piece that is itself a token, where tiktoken
