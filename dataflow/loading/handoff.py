@@ -36,7 +36,7 @@ from dataflow.lifetime import die_with_parent
 
 PAGE = 4096
 POLL_S = 0.1
-_JOB, _BATCH, _ROWS = 0, 1, 2  # columns of the slot table; stage seconds follow
+_JOB, _BATCH, _ROWS, _STAGES = 0, 1, 2, 3  # columns of the slot table: stage seconds from _STAGES on
 
 
 class WorkerDied(DataflowError):
@@ -108,7 +108,7 @@ class _Shared:
     """What the main process and one worker share besides the ring."""
 
     slots: list[int]  # this worker's slots, filled in turn
-    table: torch.Tensor  # float64 [all slots, 3 + stages], shared memory
+    table: torch.Tensor  # float64 [all slots, _STAGES + stages], shared memory
     control: torch.Tensor  # int64 [1]: the job the workers should be running (0: none)
     ready: Any  # semaphore: slots filled and not yet taken by the main process
     free: Any  # semaphore: slots handed back by the main process
@@ -156,7 +156,7 @@ def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, stages: Sequence[str
         row = table[slot]
         row[_ROWS] = len(ids)
         for i, name in enumerate(stages):
-            row[3 + i] = times.get(name, 0.0)
+            row[_STAGES + i] = times.get(name, 0.0)
         row[_JOB], row[_BATCH] = job, b  # last: the row is this batch's once these match
         shared.ready.release()
 
@@ -176,13 +176,13 @@ class WorkerPool:
         ctx = tmp.get_context(context) if isinstance(context, str) or context is None else context
         if context is None:
             ctx = tmp.get_context("fork" if "fork" in tmp.get_all_start_methods() else "spawn")
-        table = torch.full((self.ring.slots, 3 + len(self.stages)), -1.0, dtype=torch.float64).share_memory_()
-        self.control = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._table, self._control = table.numpy(), self.control.numpy()
+        table = torch.full((self.ring.slots, _STAGES + len(self.stages)), -1.0, dtype=torch.float64).share_memory_()
+        control = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._table, self._control = table.numpy(), control.numpy()
         self.shared: list[_Shared] = []
         self.ctrl, self.results, self.procs = [], [], []
         for w in range(num_workers):
-            shared = _Shared(list(range(w * self.per_worker, (w + 1) * self.per_worker)), table, self.control,
+            shared = _Shared(list(range(w * self.per_worker, (w + 1) * self.per_worker)), table, control,
                              ctx.Semaphore(0), ctx.Semaphore(self.per_worker))
             ctrl_recv, ctrl_send = ctx.Pipe(duplex=False)
             res_recv, res_send = ctx.Pipe(duplex=False)
@@ -236,9 +236,7 @@ class WorkerPool:
         waited = 0.0
         while not self.shared[w].ready.acquire(timeout=POLL_S):
             waited += POLL_S
-            if self.results[w].poll():
-                self._ended(w, b)
-            if not self.procs[w].is_alive():
+            if self.results[w].poll() or not self.procs[w].is_alive():
                 self._ended(w, b)
             if self.timeout and waited >= self.timeout:
                 raise DataflowError(f"loader worker {w} produced no batch in {self.timeout} s")
@@ -287,7 +285,7 @@ class WorkerPool:
 
     def _add_stages(self, w: int, row: list[float]) -> None:
         mine = self.stage_by_worker[w]
-        for name, v in zip(self.stages, row[3:]):
+        for name, v in zip(self.stages, row[_STAGES:]):
             mine[name] = mine.get(name, 0.0) + v
 
     def close(self) -> None:
