@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataflow.errors import ConfigError, DataflowError, FormatError, InputError
+from dataflow.errors import (ConfigError, DataflowError, FormatError, InputError, StorageError, TrainingAborted,
+                             WorkerDied)
 from dataflow.formats.manifest import TokenizerMeta
 from dataflow.formats.writer import ShardWriter
 
@@ -23,7 +24,7 @@ _LAZY = {
 }
 
 __all__ = ["ShardWriter", "TokenizerMeta", "DataflowError", "InputError", "FormatError", "ConfigError",
-           *_LAZY]
+           "StorageError", "WorkerDied", "TrainingAborted", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

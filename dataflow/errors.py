@@ -19,3 +19,15 @@ class FormatError(DataflowError):
 
 class ConfigError(DataflowError):
     """A setting that cannot work: an unknown key, a value out of range, a refused rerun."""
+
+
+class StorageError(DataflowError):
+    """A remote shard or manifest could not be fetched: the server refused or kept failing."""
+
+
+class WorkerDied(DataflowError):
+    """A loader worker process exited without reporting an error (killed, out of memory, segfault)."""
+
+
+class TrainingAborted(DataflowError):
+    """Training cannot go on (e.g. too many non-finite steps in a row)."""

@@ -21,7 +21,7 @@ def ds_path(tmp_path_factory):
 
 
 def reference(ds_path):
-    loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=3), batch_size=8, copy=True)
+    loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=3), batch_size=8)
     return [b["input_ids"] for b in loader]
 
 
@@ -84,3 +84,32 @@ def test_plain_tensors_and_cpu_batches_of_other_loaders(ds_path):
     batches = [torch.arange(i, i + 1000) for i in range(20)]
     got = [b.cpu() for b in DevicePrefetcher(batches, device="cuda", depth=2)]
     assert all(torch.equal(a, b) for a, b in zip(got, batches))
+
+
+def test_held_batches_become_pinned_copies_that_still_copy_directly(ds_path):
+    """A consumer that keeps every batch gets owned copies once every slot is lent: page-locked like the ring,
+    so the direct host-to-device path still applies; their values never change."""
+    want = reference(ds_path)
+    loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=3), batch_size=8, num_workers=2,
+                                 pin_memory=True)
+    assert loader.pinned
+    kept = list(loader)
+    assert loader.stats.copies > 0
+    assert all(b["input_ids"].is_pinned() for b in kept)
+    pf = DevicePrefetcher(kept, device="cuda", depth=2, pinned=True)
+    busy = torch.randn(2048, 2048, device="cuda")
+    got = []
+    for batch in pf:
+        _busy_gpu(busy)
+        got.append(batch["input_ids"].cpu())
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert pf.stats.direct_copies == len(want) and pf.stats.host_allocations == 0
+
+
+def test_in_process_pinned_batches_copy_directly(ds_path):
+    want = reference(ds_path)
+    loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=3), batch_size=8, pin_memory=True)
+    pf = DevicePrefetcher(loader, device="cuda", depth=3)
+    got = [b["input_ids"].cpu() for b in pf]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert pf.stats.direct_copies == len(want)

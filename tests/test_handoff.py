@@ -9,7 +9,7 @@ import torch
 
 from conftest import write_counting_dataset
 from dataflow import DataflowError, StreamingDataLoader, StreamingDataset
-from dataflow.loading.handoff import WorkerDied
+from dataflow import WorkerDied
 
 SEQ = 32
 
@@ -25,11 +25,11 @@ class SlowDataset(StreamingDataset):
     delay = 0.0
     fail_at_batch = None
 
-    def collate_into(self, ids, out):
+    def fill(self, ids, out, epoch=None):
         if self.fail_at_batch is not None and ids[0] >= self.fail_at_batch * 4:
             raise ValueError(f"injected failure reading sample {ids[0]}")
         time.sleep(self.delay)
-        return super().collate_into(ids, out)
+        return super().fill(ids, out, epoch)
 
 
 def reference(ds_path, n=None):
@@ -120,7 +120,7 @@ def test_a_stalled_worker_hits_the_timeout(ds_path):
 
 def test_break_and_persistent_workers(ds_path):
     ds = StreamingDataset(ds_path, seq_len=SEQ, seed=5)
-    loader = StreamingDataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, copy=True)
+    loader = StreamingDataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
     first = []
     for i, b in enumerate(loader):
         first.append(b["input_ids"])
@@ -138,10 +138,10 @@ def test_break_and_persistent_workers(ds_path):
 
 def test_persistent_workers_serve_consecutive_epochs(ds_path):
     """The same worker processes go from one finished epoch to the next (their slots and semaphores reset)."""
-    plain = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4, copy=True)
+    plain = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4)
     want = [[b["input_ids"] for b in plain] for _ in range(2)]
     loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4, num_workers=2,
-                                 persistent_workers=True, copy=True)
+                                 persistent_workers=True)
     got = [[b["input_ids"] for b in loader] for _ in range(2)]
     assert not all(torch.equal(a, b) for a, b in zip(want[0], want[1]))  # epochs differ
     for g, w in zip(got, want):
@@ -163,7 +163,7 @@ def test_spawned_workers_give_the_same_batches(ds_path):
 
 def test_partial_last_batch_without_drop_last(ds_path):
     ds = StreamingDataset(ds_path, seq_len=SEQ)
-    batches = list(StreamingDataLoader(ds, batch_size=7, num_workers=2, drop_last=False, copy=True))
+    batches = list(StreamingDataLoader(ds, batch_size=7, num_workers=2, drop_last=False))
     assert sum(len(b["input_ids"]) for b in batches) == ds.num_samples
     assert len(batches[-1]["input_ids"]) == ds.num_samples % 7 or ds.num_samples % 7 == 0
 
@@ -179,8 +179,6 @@ def test_prefetcher_over_ring_batches_sees_intact_values(ds_path):
         time.sleep(0.001)  # a consumer slower than the ring: batches must not be overwritten under it
         got.append(b["input_ids"].clone())
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
-    with pytest.raises(DataflowError, match="lifetime"):
-        DevicePrefetcher(StreamingDataLoader(ds, batch_size=4, num_workers=2, lifetime=2), device="cpu", depth=2)
 
 
 def test_prefetcher_state_is_the_consumers_not_the_read_ahead(ds_path):
@@ -195,6 +193,6 @@ def test_prefetcher_state_is_the_consumers_not_the_read_ahead(ds_path):
             state = pf.state_dict()
             break
     assert state["consumed"] == 10 * 4
-    resumed = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4, copy=True)
+    resumed = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4)
     resumed.load_state_dict(state)
     assert torch.equal(next(iter(resumed))["input_ids"], want[10])

@@ -70,7 +70,7 @@ def test_ranks_get_equal_disjoint_batches(counting_ds):
 @pytest.mark.parametrize("workers_after", [0, 2])
 def test_exact_resume_with_other_worker_count(counting_ds, workers_after):
     ds = StreamingDataset(counting_ds, seq_len=SEQ, seed=7)
-    full = list(StreamingDataLoader(ds, batch_size=4, num_workers=1, copy=True))
+    full = list(StreamingDataLoader(ds, batch_size=4, num_workers=1))
     ds = StreamingDataset(counting_ds, seq_len=SEQ, seed=7)
     loader = StreamingDataLoader(ds, batch_size=4, num_workers=1)
     it = iter(loader)
@@ -79,7 +79,7 @@ def test_exact_resume_with_other_worker_count(counting_ds, workers_after):
     state = json.loads(json.dumps(loader.state_dict()))
     assert len(json.dumps(state)) < 300
     ds2 = StreamingDataset(counting_ds, seq_len=SEQ, seed=7)
-    resumed = StreamingDataLoader(ds2, batch_size=4, num_workers=workers_after, copy=True)
+    resumed = StreamingDataLoader(ds2, batch_size=4, num_workers=workers_after)
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert len(rest) == len(full) - 13

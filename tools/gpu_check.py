@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -131,6 +132,15 @@ def trainer_run(data: str, out: str, dry_run: bool) -> None:
     print("\n".join("  " + line for line in (p.stdout + p.stderr).strip().splitlines()[-12:]))
     if p.returncode:
         raise SystemExit(f"trainer exited with {p.returncode}")
+    # the trainer must run the product's path: the loader itself behind the prefetcher, pinned on CUDA
+    path = next((line for line in p.stdout.splitlines() if "data path: StreamingDataLoader(" in line), "")
+    m = re.search(r"pinned=(\w+)\) -> DevicePrefetcher\((\w+).*?(\d+)/(\d+) batches", path)
+    if not m:
+        raise SystemExit("the trainer did not report its data path")
+    pinned, device, direct, batches = m.group(1) == "True", m.group(2), int(m.group(3)), int(m.group(4))
+    if not dry_run and not (pinned and device == "cuda" and direct == batches > 0):
+        raise SystemExit(f"the trainer did not copy straight from pinned loader memory: {path.strip()}")
+    print(f"  data path checked: {'pinned direct copies' if pinned else 'CPU, no copies'}, {batches} batches")
 
 
 def main() -> int:

@@ -11,14 +11,14 @@ import math
 import random
 import signal
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import dataflow
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError, TrainingAborted
 from trainer.checkpoint import Checkpointer, complete_checkpoints, resolve_resume
 from trainer.config import Config
 from trainer.metrics import Interval, MetricsLogger, peak_flops, peak_memory_gib
@@ -29,30 +29,10 @@ from trainer.parallelize import Dist, grad_sync, init_distributed, parallelize, 
 EMA_BETA = 0.9  # running loss average for spike detection
 
 
-class TrainingAborted(DataflowError):
-    """Training cannot go on (e.g. too many non-finite steps in a row)."""
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def batches_forever(loader: Any) -> Iterator[dict[str, Any]]:
-    """The loader's batches epoch after epoch, each tagged with the loader state *after* it.
-
-    The tag travels with the batch through the prefetcher, so a checkpoint records exactly the data the
-    optimizer has consumed, not what the prefetcher has read ahead.
-    """
-    while True:
-        fresh, n = loader.dataset.consumed == 0, 0
-        for batch in loader:
-            n += 1
-            batch["loader_state"] = loader.state_dict()
-            yield batch
-        if n == 0 and fresh:
-            raise ConfigError(f"{loader.dataset.paths[0]} yields no batch of {loader.batch_size} per process")
 
 
 def build_data(cfg: Config, d: Dist) -> tuple[Any, Any, Any]:
@@ -62,7 +42,10 @@ def build_data(cfg: Config, d: Dist) -> tuple[Any, Any, Any]:
     if ds.num_samples // d.world_size < cfg.data.batch_size:
         raise ConfigError(f"{cfg.data.path} has {ds.num_samples} samples of {cfg.data.seq_len + 1} tokens: too few "
                           f"for data.batch_size = {cfg.data.batch_size} on {d.world_size} process(es)")
-    loader = dataflow.StreamingDataLoader(ds, batch_size=cfg.data.batch_size, num_workers=cfg.data.num_workers)
+    # the product's path: workers fill page-locked slots that the prefetcher copies to the GPU directly;
+    # cycle: epoch after epoch, so the loop counts steps, not epochs
+    loader = dataflow.StreamingDataLoader(ds, batch_size=cfg.data.batch_size, num_workers=cfg.data.num_workers,
+                                          pin_memory=d.device.type == "cuda", cycle=True)
     val_loader = None
     if cfg.data.val_path:
         val = dataflow.StreamingDataset(cfg.data.val_path, seq_len=cfg.data.seq_len, shuffle=False,
@@ -180,14 +163,14 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
     model_meta = {k: getattr(cfg.model, k) for k in ("n_layer", "n_head", "d_model", "mlp_ratio", "vocab_multiple")}
     model_meta["vocab_size"] = ds.vocab_size
     step, skipped, bad_in_row, loss_ema, tokens_seen = 0, 0, 0, None, 0
-    loader_state = loader.state_dict()
+    prefetcher = dataflow.DevicePrefetcher(loader, device=d.device, depth=cfg.data.prefetch_depth)
     resume_path = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
     if resume_path:
         state = (ckpt or Checkpointer("", 1, d)).load(resume_path, model, optimizer, expect_model=model_meta)
         step, loader_state = state["step"], state["loader"]
         c = state["counters"]
         skipped, bad_in_row, loss_ema, tokens_seen = c["skipped"], c["bad_in_row"], c["loss_ema"], c["tokens"]
-        loader.load_state_dict(loader_state)
+        prefetcher.load_state_dict(loader_state)
         if not state["rng_restored"]:
             seed_everything(t.seed + d.rank + 1_000_003 * step)
         log.event(step, "resume", f"resumed from {resume_path} (epoch {loader_state['epoch']}, "
@@ -211,14 +194,14 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
         nonlocal last_saved
         counters = {"skipped": skipped, "bad_in_row": bad_in_row, "loss_ema": loss_ema, "tokens": tokens_seen}
         path = ckpt.save(step, model, optimizer, {
-            "loader": loader_state, "counters": counters, "model": model_meta, "config": cfg.to_dict(),
+            "loader": prefetcher.state_dict(),  # after the last batch the optimizer took, not the read-ahead
+            "counters": counters, "model": model_meta, "config": cfg.to_dict(),
             "scheduler": {"decay": t.decay, "step": step, "lr": lr_at(max(step, 1), t)}})
         last_saved = step
         log.event(step, "checkpoint", f"saved {path}")
 
     # --- the loop ---
     mon = dataflow.StarvationMonitor()
-    prefetcher = dataflow.DevicePrefetcher(batches_forever(loader), device=d.device, depth=cfg.data.prefetch_depth)
     batches = mon.wrap(prefetcher)
     stop, interval, loss_val, val_loss = StopFlag(), Interval(), float("nan"), None
     stop_at = min(t.stop_at or t.steps, t.steps)
@@ -234,7 +217,6 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
             loss_sum = torch.zeros((), device=d.device)
             for micro in range(t.grad_accum):
                 batch = next(batches)
-                loader_state = batch.pop("loader_state")
                 last = micro == t.grad_accum - 1
                 with mon.step(), grad_sync(model, last):
                     with autocast(cfg, d, model):
@@ -294,7 +276,7 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
                 rec = {"step": step, "loss": interval.mean_loss(), "lr": lr, "grad_norm": gnorm_val,
                        "tokens_per_s": tps, "data_wait_pct": 100.0 * wait_s / wall_s if wall_s > 0 else 0.0,
                        "mfu": tps / d.world_size * flops_per_token / peak if peak else None,
-                       "step_s": interval.elapsed() / interval.steps, "epoch": loader_state["epoch"],
+                       "step_s": interval.elapsed() / interval.steps, "epoch": prefetcher.state_dict()["epoch"],
                        "tokens": tokens_seen, "skipped_steps": skipped}
                 key, gib = peak_memory_gib(d.device)
                 rec[key] = gib
@@ -310,6 +292,7 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
                 break
     finally:
         prefetcher.close()
+        loader.close()
         stop.restore()
 
     # --- the end ---
@@ -318,5 +301,9 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
     if val_loader is not None and (not t.eval_every or step % t.eval_every) and step == t.steps:
         val_loss = run_eval()
     log.print(mon.format_summary() + (f" [{t.grad_accum} micro-steps per step]" if t.grad_accum > 1 else ""))
+    ps = prefetcher.stats
+    log.print(f"data path: StreamingDataLoader({cfg.data.num_workers} workers, pinned={loader.pinned}) -> "
+              f"DevicePrefetcher({d.device.type}, depth {cfg.data.prefetch_depth}); {ps.direct_copies}/{ps.batches} "
+              f"batches copied to the device straight from loader memory, {loader.stats.copies} owned copies")
     return {"step": step, "loss": loss_val, "skipped_steps": skipped, "val_loss": val_loss,
             "resumed_from": resume_path, "summary": mon.summary()}

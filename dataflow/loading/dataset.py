@@ -1,14 +1,16 @@
-"""`StreamingDataset`: shards -> the epoch's global sample order -> this rank's samples.
+"""`StreamingDataset`: shards -> the epoch's global sample order -> one batch filled into a given buffer.
 
 A sample is a packed window of `seq_len + 1` consecutive tokens of one shard's token stream (stride
 `seq_len`, so every token is a label once), or, without `seq_len`, one document. The global order is a
-pure function of (seed, epoch, manifest) (see `shuffle.py`); rank r serves global samples
-`consumed + r + world_size * j`. The whole resume state is therefore (epoch, consumed): any number of
-ranks or workers can continue from it.
+pure function of (seed, epoch, manifest) (see `shuffle.py`); which samples each batch of a rank holds
+is `plan.py`'s. The dataset keeps the position (epoch, consumed) that its iterator or a
+`StreamingDataLoader` advances, and fills batches (`fill`) for whichever transport asks.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from typing import Any, Iterator
@@ -19,13 +21,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
-from dataflow.loading.shards import OpenShard
 from dataflow.loading.mixing import Blend
+from dataflow.loading.plan import BatchPlan, LoaderState
+from dataflow.loading.shards import OpenShard
 from dataflow.loading.shuffle import EpochOrder
 from dataflow.loading.storage import Storage, prefetch_shards
-
-STATE_VERSION = 1
-STAGES = ("fetch", "read", "shuffle", "collate")  # what `collate_into` times, in seconds
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -56,6 +56,11 @@ class StreamingDataset(IterableDataset):
         cache_dir: where remote shards are cached (default `$DATAFLOW_CACHE`, shared by all processes).
         cache_limit: bytes or "50GB": least recently used shards not in use are evicted beyond it.
         storage_options: fsspec options for remote datasets (e.g. S3 `endpoint_url`, credentials).
+
+    Iterated directly (or by torch's `DataLoader` with `num_workers=0`) it yields this rank's samples
+    one at a time and tracks its position for `state_dict()`. Under torch's `DataLoader` with workers
+    it serves every sample once, but the position lives in the workers, so `state_dict()` then raises
+    rather than return a state that would repeat the epoch: use `StreamingDataLoader` to resume.
     """
 
     def __init__(self, source: str | list[str] | dict[str, float], *, seq_len: int | None = None,
@@ -65,13 +70,15 @@ class StreamingDataset(IterableDataset):
         super().__init__()
         weights = None
         if isinstance(source, dict):
-            paths, weights = list(source), [float(w) for w in source.values()]
+            paths, weights = list(source), list(source.values())
         else:
             paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         if not paths:
             raise ConfigError("StreamingDataset needs at least one dataset path")
-        if seq_len is not None and seq_len < 1:
-            raise ConfigError(f"seq_len must be positive, got {seq_len}")
+        if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+            raise ConfigError(f"seq_len must be a positive integer or None, got {seq_len!r}")
+        if isinstance(shuffle_window, bool) or not isinstance(shuffle_window, int) or shuffle_window < 1:
+            raise ConfigError(f"shuffle_window must be a positive integer, got {shuffle_window!r}")
         self.paths = [str(p) for p in paths]
         self.manifests: list[Manifest] = [read_manifest(p, storage_options) for p in self.paths]
         self.tokenizer: TokenizerMeta = self.manifests[0].tokenizer
@@ -80,7 +87,7 @@ class StreamingDataset(IterableDataset):
                     (self.tokenizer.kind, self.tokenizer.vocab_size, self.tokenizer.sha256):
                 raise ConfigError(f"{p} was tokenized with a different tokenizer than {self.paths[0]}")
         self.seq_len = seq_len
-        self.shuffle, self.seed, self.shuffle_window = shuffle, seed, shuffle_window
+        self.shuffle, self.seed, self.shuffle_window = shuffle, int(seed), shuffle_window
         self.rank_arg, self.world_arg = rank, world_size
         self.position_ids = position_ids
         self.storages = [Storage(p, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
@@ -93,6 +100,7 @@ class StreamingDataset(IterableDataset):
         else:
             self.counts = np.array([s.documents for _, s in self.shards], dtype=np.int64)
             self.dropped_tokens = 0
+        self._starts = np.concatenate([[0], np.cumsum(self.counts)])  # stored order, for `ds[i]`
         # A stream is a run of shards with its own epoch order: one for a path or a list (read as one
         # dataset), one per source when mixing, each source then going through its own epochs.
         source_of = np.array([i for i, _ in self.shards], dtype=np.int64)
@@ -100,18 +108,42 @@ class StreamingDataset(IterableDataset):
             self.streams = [np.arange(len(self.shards))]
             self.blend = None
         else:
-            self.streams = [np.flatnonzero(source_of == i) for i in range(len(paths))]
             self.blend = Blend(weights)
-            for path, stream, w in zip(self.paths, self.streams, weights):
+            self.streams = [np.flatnonzero(source_of == i) for i in range(len(paths))]
+            for path, stream, w in zip(self.paths, self.streams, self.blend.weights):
                 if w > 0 and self.counts[stream].sum() == 0:
                     raise ConfigError(f"{path} has no sample of seq_len {seq_len}; it cannot be mixed in")
+        self._check_not_empty()
+        self.fingerprint = self._fingerprint()
         self.epoch = 0
-        self.consumed = 0  # global samples of this epoch already served (set by load_state_dict)
+        self.consumed = 0  # global samples of this epoch already served; advanced only by an iterator
+        self._in_torch_workers = torch.zeros(1, dtype=torch.uint8).share_memory_()  # set by a DataLoader worker
         self._orders: dict[tuple[int, int], EpochOrder] = {}
         self._open: dict[int, OpenShard] = {}
         self._current_blocks: dict[int, tuple[int, int]] = {}  # stream -> (its epoch, block) last read
-        self._fetch_s = 0.0  # time opening (and downloading) shards in the current collate_into
+        self._fetch_s = 0.0  # time opening (and downloading) shards in the current fill
         self._blocks_key: tuple = ()
+
+    def _check_not_empty(self) -> None:
+        """A dataset that can yield no sample is a mistake: say why now, not after an empty epoch."""
+        what = f"{self.paths[0]}" + (f" (+{len(self.paths) - 1} more)" if len(self.paths) > 1 else "")
+        if self.num_samples == 0:
+            if self.seq_len:
+                longest = max((s.tokens for _, s in self.shards), default=0)
+                raise ConfigError(f"{what}: no window of seq_len+1 = {self.seq_len + 1} tokens fits in a shard (the "
+                                  f"largest holds {longest} tokens); lower seq_len or write larger shards")
+            raise ConfigError(f"{what}: the dataset holds no document")
+        _, world = self.rank_world()
+        if self.num_samples < world:
+            raise ConfigError(f"{what}: {self.num_samples} samples cannot give each of {world} ranks one; "
+                              f"use fewer ranks{', or a shorter seq_len' if self.seq_len else ''}")
+
+    def _fingerprint(self) -> str:
+        """What the sample order depends on besides (seed, epoch): the shards' bytes and the sampling settings."""
+        key = {"shards": [[i, s.sha256, s.tokens, s.documents] for i, s in self.shards], "seq_len": self.seq_len,
+               "shuffle": self.shuffle, "window": self.shuffle_window,
+               "weights": None if self.blend is None else self.blend.quota.tolist()}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     # --- sizes ----------------------------------------------------------------------------------
     @property
@@ -130,16 +162,19 @@ class StreamingDataset(IterableDataset):
     def rank_world(self) -> tuple[int, int]:
         return _rank_world(self.rank_arg, self.world_arg)
 
-    def samples_per_rank(self, consumed: int | None = None) -> int:
-        """Samples each rank serves from `consumed` to the end of the epoch (equal on every rank)."""
-        _, world = self.rank_world()
-        return (self.num_samples - (self.consumed if consumed is None else consumed)) // world
-
     def __len__(self) -> int:
-        return self.samples_per_rank()
+        """This rank's samples in one epoch (the same on every rank, whatever the position)."""
+        return self.num_samples // self.rank_world()[1]
+
+    def plan(self, batch_size: int = 1, drop_last: bool = True) -> BatchPlan:
+        """This rank's batches from the current position to the end of the epoch."""
+        rank, world = self.rank_world()
+        return BatchPlan(self.epoch, self.consumed, self.num_samples, rank, world, batch_size, drop_last)
 
     # --- epoch and state ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ConfigError(f"set_epoch takes an integer >= 0, got {epoch!r}")
         if epoch != self.epoch:
             self.epoch, self.consumed = int(epoch), 0
 
@@ -154,12 +189,13 @@ class StreamingDataset(IterableDataset):
                                            self.shuffle_window, stream=stream)
         return self._orders[key]
 
-    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Global sample ids of this epoch -> (shard index, sample index within the shard)."""
+    def locate(self, ids: np.ndarray, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Global sample ids of an epoch (default: the current one) -> (shard index, sample index in the shard)."""
         ids = np.asarray(ids, dtype=np.int64)
+        epoch = self.epoch if epoch is None else epoch
         if self.blend is None:
-            return self._locate_in(0, self.epoch, ids)
-        source, n = self.blend.locate(self.epoch * self.num_samples + ids)
+            return self._locate_in(0, epoch, ids)
+        source, n = self.blend.locate(epoch * self.num_samples + ids)
         shards, within = np.empty_like(ids), np.empty_like(ids)
         for s in np.unique(source).tolist():
             sel = source == s
@@ -179,40 +215,38 @@ class StreamingDataset(IterableDataset):
             self._current_blocks[stream] = (epoch, int(order.block_of(int(g[-1]))))
         return self.streams[stream][k], j
 
+    def loader_state(self) -> LoaderState:
+        return LoaderState(self.epoch, self.consumed, self.seed, self.num_samples, self.seq_len, self.fingerprint)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
-                "num_samples": self.num_samples, "seq_len": self.seq_len}
+        """The position (epoch, global samples consumed) and what it is valid for: small, JSON-serialisable."""
+        if self._in_torch_workers[0]:
+            raise ConfigError("this StreamingDataset was iterated by torch DataLoader workers, which keep its "
+                              "position to themselves: state_dict() cannot say where to resume. Use "
+                              "dataflow.StreamingDataLoader (it takes batch_size, num_workers, pin_memory, ...)")
+        return self.loader_state().to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
-        for key in ("seq_len", "seed", "num_samples"):
-            if state[key] != getattr(self, key):
-                raise ConfigError(f"cannot resume: the state was saved with {key}={state[key]}, this dataset "
-                                  f"has {key}={getattr(self, key)} (different data or settings)")
-        if not 0 <= state["consumed"] <= self.num_samples:
-            raise ConfigError(f"cannot resume: consumed={state['consumed']} outside this epoch")
-        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        saved = LoaderState.from_dict(state)
+        saved.check_matches(self.loader_state())
+        self.epoch, self.consumed = saved.epoch, saved.consumed
 
     # --- reading --------------------------------------------------------------------------------
-    def rank_sample_ids(self, start: int, stop: int, consumed: int | None = None) -> np.ndarray:
-        """Global ids of this rank's samples j in [start, stop) from position `consumed`."""
-        rank, world = self.rank_world()
-        base = self.consumed if consumed is None else consumed
-        return base + rank + world * np.arange(start, stop, dtype=np.int64)
-
     def _shard(self, k: int) -> OpenShard:
         shard = self._open.get(k)
         if shard is None:
             t0 = time.perf_counter()
             src, info = self.shards[k]
-            manifest = self.manifests[src]
-            shard = self._open[k] = OpenShard(self.storages[src].local_path(info), manifest.format)
+            shard = self._open[k] = OpenShard(self.storages[src].local_path(info), self.manifests[src].format)
             if shard.token_starts[-1] != info.tokens:
                 raise FormatError(f"{shard.path}: holds {shard.token_starts[-1]} tokens, the manifest says "
                                   f"{info.tokens}; run `dataflow verify`")
             self._fetch_s += time.perf_counter() - t0
         return shard
+
+    def _close_shard(self, k: int) -> None:
+        del self._open[k]
+        self.storages[self.shards[k][0]].release(self.shards[k][1])
 
     def _evict_read_blocks(self) -> None:
         """Drop open shards outside each stream's current shuffle block: they are done for this epoch."""
@@ -224,56 +258,78 @@ class StreamingDataset(IterableDataset):
         for stream, (epoch, block) in self._current_blocks.items():
             keep.update(self.streams[stream][self.order(stream, epoch).block_shards(block)].tolist())
         for k in [k for k in self._open if k not in keep]:
-            del self._open[k]
-            self.storages[self.shards[k][0]].release(self.shards[k][1])
+            self._close_shard(k)
         ahead = [self.shards[k] for stream, (epoch, block) in self._current_blocks.items()
                  for k in self.streams[stream][self.order(stream, epoch).block_shards(block + 1)].tolist()]
         prefetch_shards(self.storages, ahead)  # download the next block while this one is read
 
     def batch_layout(self, batch_size: int) -> dict[str, tuple[tuple[int, ...], Any]]:
-        """Shapes and dtypes of a packed batch (what a slot of the hand-off ring holds)."""
+        """Shapes and dtypes of a packed batch (what `fill` writes and a slot of the hand-off ring holds)."""
         if self.seq_len is None:
             raise ConfigError("whole-document batches have no fixed layout; set seq_len")
         fields = ["input_ids", "labels"] + (["position_ids"] if self.position_ids else [])
         return {k: ((batch_size, self.seq_len), np.int64) for k in fields}
 
-    def collate_into(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> dict[str, float]:
-        """Write the packed windows of global sample `ids` into the rows of `out`; returns stage times."""
+    def fill(self, ids: np.ndarray, out: dict[str, np.ndarray], epoch: int | None = None) -> dict[str, float]:
+        """Write the packed windows of global sample `ids` of `epoch` (default: the current one) into the
+        first rows of `out` (arrays of `batch_layout`); returns the seconds of each stage (`stages.STAGES`)."""
         self._fetch_s = 0.0
         t0 = time.perf_counter()
-        shard_ids, within = self.locate(ids)
-        L = self.seq_len
-        inputs, labels = out["input_ids"], out["labels"]
-        positions = out.get("position_ids")
+        shard_ids, within = self.locate(ids, epoch)
         t1 = time.perf_counter()
-        windows = [self._shard(k).window(j * L, L + 1) for k, j in zip(shard_ids.tolist(), within.tolist())]
+        windows = self._windows(shard_ids, within)  # opens shards (fetch) and decompresses batches (read)
         t2 = time.perf_counter()
-        if windows:
-            stacked = np.stack(windows)  # one uint16 copy, then two casting copies into the slot
-            np.copyto(inputs[:len(windows)], stacked[:, :-1])
-            np.copyto(labels[:len(windows)], stacked[:, 1:])
-        if positions is not None:
-            for i, (k, j) in enumerate(zip(shard_ids.tolist(), within.tolist())):
-                positions[i] = _positions(self._shard(k).doc_boundaries(j * L, L), L)
+        self._pack(windows, shard_ids, within, out)
         t3 = time.perf_counter()
         self._evict_read_blocks()
         fetch = self._fetch_s
-        return {"shuffle": t1 - t0, "fetch": fetch, "read": max(t2 - t1 - fetch, 0.0), "collate": t3 - t2}
+        return {"fetch": fetch, "read": max(t2 - t1 - fetch, 0.0), "shuffle": t1 - t0, "collate": t3 - t2}
 
-    def collate(self, ids: np.ndarray, stats: dict[str, float] | None = None) -> dict[str, Any]:
-        """A batch of the given global sample ids as a dict of stacked tensors; adds stage times to `stats`."""
+    def _windows(self, shard_ids: np.ndarray, within: np.ndarray) -> list[np.ndarray]:
+        L = self.seq_len
+        return [self._shard(k).window(j * L, L + 1) for k, j in zip(shard_ids.tolist(), within.tolist())]
+
+    def _pack(self, windows: list[np.ndarray], shard_ids: np.ndarray, within: np.ndarray,
+              out: dict[str, np.ndarray]) -> None:
+        L = self.seq_len
+        if windows:
+            stacked = np.stack(windows)  # one uint16 copy, then two casting copies into the buffer
+            np.copyto(out["input_ids"][:len(windows)], stacked[:, :-1])
+            np.copyto(out["labels"][:len(windows)], stacked[:, 1:])
+        positions = out.get("position_ids")
+        if positions is not None:
+            for i, (k, j) in enumerate(zip(shard_ids.tolist(), within.tolist())):
+                positions[i] = _positions(self._shard(k).doc_boundaries(j * L, L), L)
+
+    def documents(self, ids: np.ndarray, epoch: int | None = None) -> dict[str, Any]:
+        """Whole documents of global sample `ids` (no `seq_len`): {"tokens": [LongTensor], "id": [str]}."""
+        shard_ids, within = self.locate(ids, epoch)
+        docs = [self._shard(int(k)).document(int(j)) for k, j in zip(shard_ids, within)]
+        self._evict_read_blocks()
+        return {"tokens": [torch.from_numpy(t.astype(np.int64)) for _, t in docs], "id": [d for d, _ in docs]}
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """Sample `i` of the dataset in stored order (shards in manifest order, unshuffled), 0 <= i < num_samples."""
+        if self.blend is not None:
+            raise ConfigError("a mix has no stored order to index: index one source's StreamingDataset instead")
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"StreamingDataset indices are integers, got {type(i).__name__}")
+        n = self.num_samples
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} is outside [0, {n})")
+        i = int(i) % n
+        k = int(np.searchsorted(self._starts, i, side="right") - 1)
+        shard_ids, within = np.array([k]), np.array([i - int(self._starts[k])])
         if self.seq_len is None:
-            shard_ids, within = self.locate(ids)
-            docs = [self._shard(int(k)).document(int(j)) for k, j in zip(shard_ids, within)]
-            self._evict_read_blocks()
-            return {"tokens": [torch.from_numpy(t.astype(np.int64)) for _, t in docs], "id": [d for d, _ in docs]}
-        out = {k: np.empty(shape, dtype)
-               for k, (shape, dtype) in self.batch_layout(len(ids)).items()}
-        times = self.collate_into(ids, out)
-        if stats is not None:
-            for k, v in times.items():
-                stats[k] = stats.get(k, 0.0) + v
-        return {k: torch.from_numpy(v) for k, v in out.items()}
+            doc_id, tokens = self._shard(k).document(int(within[0]))
+            sample = {"tokens": torch.from_numpy(tokens.astype(np.int64)), "id": doc_id}
+        else:
+            out = {name: np.empty(shape, dtype) for name, (shape, dtype) in self.batch_layout(1).items()}
+            self._pack(self._windows(shard_ids, within), shard_ids, within, out)
+            sample = {name: torch.from_numpy(v[0]) for name, v in out.items()}
+        while len(self._open) > self.shuffle_window:  # random access keeps a bounded set of shards open
+            self._close_shard(next(iter(self._open)))
+        return sample
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -281,17 +337,26 @@ class StreamingDataset(IterableDataset):
         return state
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        """This rank's samples one by one (split across DataLoader workers when inside one)."""
+        """This rank's samples one by one from the current position; the position follows what is yielded."""
         info = get_worker_info()
+        if info is not None:  # torch's DataLoader worker: serve this worker's share, untracked
+            self._in_torch_workers[0] = 1
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        start_consumed = self.consumed
-        for j in range(worker, self.samples_per_rank(start_consumed), workers):
-            batch = self.collate(self.rank_sample_ids(j, j + 1, start_consumed))
-            yield {k: v[0] for k, v in batch.items()}
+        plan = self.plan(batch_size=1)
+        for b in range(worker, plan.num_batches, workers):
+            ids = plan.sample_ids(b)
+            if self.seq_len is None:
+                batch = self.documents(ids, plan.epoch)
+                sample = {k: v[0] for k, v in batch.items()}
+            else:
+                out = {name: np.empty(shape, dtype) for name, (shape, dtype) in self.batch_layout(1).items()}
+                self.fill(ids, out, plan.epoch)
+                sample = {k: torch.from_numpy(v[0]) for k, v in out.items()}
             if info is None:
-                self.consumed = start_consumed + (j + 1) * self.rank_world()[1]
+                self.consumed = plan.consumed_after(b + 1)
+            yield sample
         if info is None:
-            self.epoch, self.consumed = self.epoch + 1, 0
+            self.epoch, self.consumed = plan.epoch + 1, 0
 
 
 def _positions(boundaries: np.ndarray, length: int) -> np.ndarray:

@@ -1,46 +1,48 @@
-"""Worker hand-off without per-batch allocation or per-batch messages: a shared slot ring and semaphores.
+"""Worker hand-off: a shared slot ring, semaphores, and leases that free a slot only when its batch is dropped.
 
 The main process allocates, once, before the workers start:
 - a ring of page-aligned batch buffers in one shared-memory segment (registered as pinned memory
-  when CUDA is present); worker `w` owns `per_worker` consecutive slots and fills them in turn;
-- a small shared table with one row per slot: (job, batch, rows, stage seconds...), written by the
-  worker before it announces the slot;
-- two counting semaphores per worker: `ready` (slots filled, not yet taken) and `free` (slots the
-  main process has handed back).
+  when asked and CUDA is present); worker `w` owns `per_worker` consecutive slots;
+- a small shared table with one row per slot: (job, batch, rows, state, stage seconds...);
+- two counting semaphores per worker: `ready` (slots filled, not yet taken) and `free` (free slots).
 
-Per batch, worker `w` waits on `free`, collates batch b (those with `b % num_workers == w`) straight
-into its next slot, writes the slot's row and posts `ready`; the main process waits on `ready`, reads
-the row and yields tensors that are views of the slot, then posts `free` once the consumer has taken
-`lifetime` more batches. Slots are freed in the order they were filled, so the slot of each batch is
-implied and nothing else crosses the process boundary. A semaphore post or wait is an atomic
-operation in shared memory; the kernel is entered only to wake a side that is actually asleep.
+Per batch, worker `w` (which builds the batches b with b % num_workers == w, in order) takes a `free`
+permit, fills a FREE slot of its own with `dataset.fill`, marks it FILLED and posts `ready`. The main
+process waits on `ready`, finds the slot of batch b, marks it LENT and yields tensors that are views
+of that slot, all hanging off one `_Lease` object. The lease dies when the last view (or view of a
+view) is garbage: only then is the slot marked FREE and `free` posted. So a yielded batch never
+changes while anything references it, without any "valid for N batches" rule.
+
+When lending a slot would leave its worker none to fill (the consumer keeps many batches), the main
+process yields an owned copy instead and frees the slot at once (`copies` in the loader's stats): the
+workers always make progress, nothing is overwritten, nothing deadlocks.
 Pipes carry only the rare messages: start a job, stop, and a worker's "job ended" (with its error).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import multiprocessing.connection as mpc
 import pickle
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from dataflow.errors import DataflowError
-from dataflow.lifetime import die_with_parent
+from dataflow.errors import DataflowError, WorkerDied
+from dataflow.loading.plan import BatchPlan
+from dataflow.loading.stages import STAGES, BatchTiming, Hook, add_seconds, track_name
 
 PAGE = 4096
-POLL_S = 0.1
-_JOB, _BATCH, _ROWS, _STAGES = 0, 1, 2, 3  # columns of the slot table: stage seconds from _STAGES on
-
-
-class WorkerDied(DataflowError):
-    """A loader worker process exited without reporting an error (killed, out of memory, segfault)."""
+POLL_S = 0.05
+PARENT_CHECK_S = 1.0  # how often an idle worker checks that its parent is alive
+_JOB, _BATCH, _ROWS, _STATE, _STAGES = 0, 1, 2, 3, 4  # columns of the slot table; stage seconds from _STAGES
+FREE, FILLED, LENT = 0.0, 1.0, 2.0  # slot states
 
 
 @dataclass(frozen=True)
@@ -66,26 +68,37 @@ class SlotRing:
         self.buffer = torch.empty(self.slot_bytes * slots, dtype=torch.uint8).share_memory_()
         self.pinned = False
         self._numpy: list[dict[str, np.ndarray]] | None = None
-        self._torch: list[dict[str, torch.Tensor]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_numpy"] = state["_torch"] = None
+        state["_numpy"] = None
         state["pinned"] = False
         return state
 
     def numpy_views(self, slot: int) -> dict[str, np.ndarray]:
+        """The slot's fields as numpy arrays (what a worker fills)."""
         if self._numpy is None:
             flat = self.buffer.numpy()
             self._numpy = [{f.name: flat[s * self.slot_bytes + f.offset:][:int(np.prod(f.shape)) * f.dtype.itemsize]
                             .view(f.dtype).reshape(f.shape) for f in self.fields} for s in range(self.slots)]
         return self._numpy[slot]
 
-    def tensor_views(self, slot: int) -> dict[str, torch.Tensor]:
-        if self._torch is None:
-            self._torch = [{k: torch.from_numpy(v) for k, v in self.numpy_views(s).items()}
-                           for s in range(self.slots)]
-        return self._torch[slot]
+    def lend(self, slot: int, rows: int, on_release: Any) -> dict[str, torch.Tensor]:
+        """Tensors viewing the slot's first `rows` rows; `on_release()` runs once none of them is referenced."""
+        flat = np.asarray(_Lease(self.buffer, slot * self.slot_bytes, self.slot_bytes, on_release))
+        out = {}
+        for f in self.fields:
+            view = flat[f.offset:f.offset + int(np.prod(f.shape)) * f.dtype.itemsize].view(f.dtype).reshape(f.shape)
+            out[f.name] = torch.from_numpy(view if rows == f.shape[0] else view[:rows])
+        return out
+
+    def copy(self, slot: int, rows: int) -> dict[str, torch.Tensor]:
+        """An owned copy of the slot's first `rows` rows (page-locked like the ring when it is pinned)."""
+        out = {}
+        for name, view in self.numpy_views(slot).items():
+            src = torch.from_numpy(view[:rows])
+            out[name] = torch.empty_like(src, pin_memory=self.pinned).copy_(src)
+        return out
 
     def pin(self) -> None:
         """Page-lock the ring so host-to-device copies from it are truly asynchronous."""
@@ -99,6 +112,25 @@ class SlotRing:
             self.pinned = False
 
 
+class _Lease:
+    """The one object every view of a lent slot hangs off (numpy keeps it as their base): when the last
+    view goes, so does the lease, and the slot is handed back. It also keeps the ring's memory alive."""
+
+    __slots__ = ("__array_interface__", "_buffer", "_on_release")
+
+    def __init__(self, buffer: torch.Tensor, offset: int, size: int, on_release: Any):
+        self._buffer = buffer
+        self._on_release = on_release
+        self.__array_interface__ = {"shape": (size,), "typestr": "|u1", "version": 3,
+                                    "data": (buffer.data_ptr() + offset, False)}
+
+    def __del__(self) -> None:
+        try:
+            self._on_release()
+        except Exception:  # a finaliser must not raise; a closed pool has nothing to hand back to
+            pass
+
+
 def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
@@ -107,26 +139,31 @@ def _round_up(n: int, to: int) -> int:
 class _Shared:
     """What the main process and one worker share besides the ring."""
 
-    slots: list[int]  # this worker's slots, filled in turn
+    slots: list[int]  # this worker's slots
     table: torch.Tensor  # float64 [all slots, _STAGES + stages], shared memory
     control: torch.Tensor  # int64 [1]: the job the workers should be running (0: none)
     ready: Any  # semaphore: slots filled and not yet taken by the main process
-    free: Any  # semaphore: slots handed back by the main process
+    free: Any  # semaphore: FREE slots not yet taken by the worker
 
 
-def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, stages: Sequence[str], worker: int,
-                 num_workers: int, ctrl: mpc.Connection, results: mpc.Connection) -> None:
-    """A loader worker: waits for a job, fills its slots with its batches, reports how the job ended."""
-    die_with_parent()
+def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook,
+                 ctrl: mpc.Connection, results: mpc.Connection, parent: int) -> None:
+    """A loader worker: waits for a job, fills its slots with its batches, reports how the job ended.
+
+    It leaves when its parent process is gone (checked while it waits). Not PR_SET_PDEATHSIG: that
+    fires when the *thread* that started the pool ends, and a prefetcher's thread often does."""
     torch.set_num_threads(1)
     try:
         while True:
+            while not ctrl.poll(PARENT_CHECK_S):
+                if os.getppid() != parent:
+                    return
             msg = ctrl.recv()
             if msg[0] == "stop":
                 return
-            job = msg[1]
+            job, plan = msg[1], msg[2]
             try:
-                _run_job(dataset, ring, shared, stages, worker, num_workers, *msg[1:])
+                _run_job(dataset, ring, shared, worker, num_workers, hook, job, plan, parent)
                 results.send((job, None, None))
             except BaseException as e:  # reported to the main process, raised there with its message
                 try:
@@ -139,25 +176,28 @@ def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, stages: Sequence
         return
 
 
-def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, stages: Sequence[str], worker: int,
-             num_workers: int, job: int, epoch: int, consumed: int, num_batches: int, batch_size: int) -> None:
+def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook, job: int,
+             plan: BatchPlan, parent: int) -> None:
     table, control = shared.table.numpy(), shared.control.numpy()
-    dataset.epoch, dataset.consumed = epoch, consumed
-    per_rank = dataset.samples_per_rank(consumed)
-    for k, b in enumerate(range(worker, num_batches, num_workers)):
+    for b in range(worker, plan.num_batches, num_workers):
         while not shared.free.acquire(timeout=POLL_S):
-            if control[0] != job:
+            if control[0] != job or os.getppid() != parent:
                 return
-        if control[0] != job:  # cancelled: the main process woke us to stop
+        if control[0] != job:  # cancelled: the permit goes back with its slot still free
+            shared.free.release()
             return
-        slot = shared.slots[k % len(shared.slots)]
-        ids = dataset.rank_sample_ids(b * batch_size, min((b + 1) * batch_size, per_rank), consumed)
-        times = dataset.collate_into(ids, ring.numpy_views(slot))
+        slot = next(s for s in shared.slots if table[s, _STATE] == FREE)
+        ids = plan.sample_ids(b)
+        t0 = time.perf_counter()
+        times = dataset.fill(ids, ring.numpy_views(slot), plan.epoch)
+        if hook is not None:
+            hook(BatchTiming(track_name(), t0, time.perf_counter(), len(ids), times))
         row = table[slot]
         row[_ROWS] = len(ids)
-        for i, name in enumerate(stages):
+        for i, name in enumerate(STAGES):
             row[_STAGES + i] = times.get(name, 0.0)
-        row[_JOB], row[_BATCH] = job, b  # last: the row is this batch's once these match
+        row[_JOB], row[_BATCH] = job, b
+        row[_STATE] = FILLED  # last: the row is this batch's once it reads FILLED with this job and batch
         shared.ready.release()
 
 
@@ -165,18 +205,19 @@ class WorkerPool:
     """Worker processes that fill a `SlotRing`; the main side of the protocol."""
 
     def __init__(self, dataset: Any, layout: dict[str, tuple[tuple[int, ...], Any]], num_workers: int,
-                 prefetch: int, lifetime: int, context: Any = None, pin: bool = False, timeout: float = 0,
-                 stages: Sequence[str] = ()):
-        self.num_workers, self.lifetime, self.timeout = num_workers, lifetime, timeout
-        self.stages = tuple(stages)
-        self.per_worker = prefetch + math.ceil(lifetime / num_workers)
+                 prefetch: int, held: int, context: Any = None, pin: bool = False, timeout: float = 0,
+                 hook: Hook = None):
+        self.num_workers, self.timeout = num_workers, timeout
+        # each worker keeps `prefetch` batches ready while the consumer holds `held` (spread over workers)
+        self.per_worker = prefetch + math.ceil(held / num_workers) + 1
         self.ring = SlotRing(layout, self.per_worker * num_workers)
         if pin:
             self.ring.pin()
         ctx = tmp.get_context(context) if isinstance(context, str) or context is None else context
         if context is None:
             ctx = tmp.get_context("fork" if "fork" in tmp.get_all_start_methods() else "spawn")
-        table = torch.full((self.ring.slots, _STAGES + len(self.stages)), -1.0, dtype=torch.float64).share_memory_()
+        table = torch.zeros((self.ring.slots, _STAGES + len(STAGES)), dtype=torch.float64).share_memory_()
+        table[:, _JOB] = -1
         control = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._table, self._control = table.numpy(), control.numpy()
         self.shared: list[_Shared] = []
@@ -187,7 +228,7 @@ class WorkerPool:
             ctrl_recv, ctrl_send = ctx.Pipe(duplex=False)
             res_recv, res_send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker_main, name=f"dataflow-loader-{w}", daemon=True,
-                            args=(dataset, self.ring, shared, self.stages, w, num_workers, ctrl_recv, res_send))
+                            args=(dataset, self.ring, shared, w, num_workers, hook, ctrl_recv, res_send, os.getpid()))
             p.start()
             ctrl_recv.close()
             res_send.close()
@@ -196,54 +237,66 @@ class WorkerPool:
             self.results.append(res_recv)
             self.procs.append(p)
         self.job = 0
+        self.closed = False
+        self.copies = 0  # batches handed out as owned copies because every slot of their worker was lent
         self._running: list[int] = [0] * num_workers  # the job each worker has not yet reported ended
         self.stage_by_worker: list[dict[str, float]] = [{} for _ in range(num_workers)]
 
-    def run(self, epoch: int, consumed: int, num_batches: int, batch_size: int) -> Iterator[dict[str, Any]]:
-        """Yield the job's batches in order as views of ring slots."""
+    def healthy(self) -> bool:
+        """All workers alive (a pool that lost one is replaced, not reused)."""
+        return not self.closed and all(p.is_alive() for p in self.procs)
+
+    def run(self, plan: BatchPlan) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield the plan's batches in order, as leased views of ring slots (or owned copies)."""
+        self._control[0] = 0  # a job still running (an iterator left alive) stops at its next slot
+        deadline = time.monotonic() + self.timeout if self.timeout else None
         for w in range(self.num_workers):
-            self._settle(w)
+            self._settle(w, deadline)
         self.job += 1
         job = self.job
         self._control[0] = job
         for w, c in enumerate(self.ctrl):
-            c.send(("run", job, epoch, consumed, num_batches, batch_size))
+            c.send(("run", job, plan))
             self._running[w] = job
-        taken = [0] * self.num_workers  # batches taken from each worker in this job
-        held: list[int] = []  # workers of the batches yielded and not yet handed back, oldest first
         try:
-            for b in range(num_batches):
+            for b in range(plan.num_batches):
                 w = b % self.num_workers
-                shared = self.shared[w]
-                slot = shared.slots[taken[w] % self.per_worker]
-                row = self._receive(w, slot, job, b)
-                taken[w] += 1
-                self._add_stages(w, row)
-                views = self.ring.tensor_views(slot)
-                rows = int(row[_ROWS])
-                yield dict(views) if rows == self.ring.fields[0].shape[0] else {k: v[:rows] for k, v in views.items()}
-                held.append(w)
-                if len(held) > self.lifetime:
-                    self.shared[held.pop(0)].free.release()
+                slot, rows = self._receive(w, job, b)
+                yield self._hand_out(w, slot, rows)
         finally:
             if self._control[0] == job:
                 self._control[0] = 0  # stops the workers at their next slot
-                for shared in self.shared:
-                    shared.free.release()  # wakes a worker waiting for a slot
 
-    def _receive(self, w: int, slot: int, job: int, b: int) -> list[float]:
-        """Wait until worker w has filled `slot` with batch b; returns the slot's row."""
+    def _hand_out(self, w: int, slot: int, rows: int) -> dict[str, torch.Tensor]:
+        """Lend the slot, unless that would leave worker w no slot to fill: then copy it and free it."""
+        states = self._table[self.shared[w].slots, _STATE]
+        if int((states == LENT).sum()) + 1 < self.per_worker:
+            self._table[slot, _STATE] = LENT
+            return self.ring.lend(slot, rows, _Release(self, self.shared[w], slot))
+        batch = self.ring.copy(slot, rows)
+        self.copies += 1
+        self._table[slot, _STATE] = FREE
+        self.shared[w].free.release()
+        return batch
+
+    def _receive(self, w: int, job: int, b: int) -> tuple[int, int]:
+        """Wait until worker w has filled a slot with batch b of `job`; returns (slot, rows)."""
         waited = 0.0
-        while not self.shared[w].ready.acquire(timeout=POLL_S):
+        while self.job != job or not self.shared[w].ready.acquire(timeout=POLL_S):
+            if self.job != job:
+                raise DataflowError("this loader iterator was replaced by a newer iter(loader); iterate the new one")
             waited += POLL_S
             if self.results[w].poll() or not self.procs[w].is_alive():
                 self._ended(w, b)
             if self.timeout and waited >= self.timeout:
                 raise DataflowError(f"loader worker {w} produced no batch in {self.timeout} s")
-        row = self._table[slot].tolist()
-        if row[_JOB] != job or row[_BATCH] != b:
-            self._ended(w, b)  # posted without filling the slot: it failed
-        return row
+        for slot in self.shared[w].slots:
+            row = self._table[slot]
+            if row[_STATE] == FILLED and row[_JOB] == job and row[_BATCH] == b:
+                add_seconds(self.stage_by_worker[w], dict(zip(STAGES, row[_STAGES:].tolist())))
+                return slot, int(row[_ROWS])
+        self._ended(w, b)  # posted without filling a slot: it failed
+        raise DataflowError(f"loader worker {w} posted batch {b} without filling it (protocol error)")
 
     def _ended(self, w: int, b: int) -> None:
         """Worker w ended its job before producing batch b: raise its error, or say it died."""
@@ -252,46 +305,42 @@ class WorkerPool:
                 job, payload, text = self.results[w].recv()
             except EOFError:
                 job, payload, text = None, None, None
-            if job == self._running[w]:
+            if job is not None and job == self._running[w]:
                 self._running[w] = 0
                 if text is not None:
                     raise _restore(payload, text, w)
                 raise DataflowError(f"loader worker {w} ended its job before batch {b} (protocol error)")
         if not self.procs[w].is_alive():
-            code = self.procs[w].exitcode
-            raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code {code} "
-                             f"while producing batch {b}; killed or out of memory?")
+            raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code "
+                             f"{self.procs[w].exitcode} while producing batch {b}; killed or out of memory?")
 
-    def _settle(self, w: int) -> None:
-        """Before a new job: wait until worker w has left its last job, then reset its semaphores."""
+    def _settle(self, w: int, deadline: float | None) -> None:
+        """Before a new job: wait until worker w has left its last job, then free what it filled for it."""
         while self._running[w]:
+            if not self.procs[w].is_alive():
+                raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code "
+                                 f"{self.procs[w].exitcode}")
             if self.results[w].poll(POLL_S):
                 try:
                     job, _, _ = self.results[w].recv()
-                except EOFError:
-                    job = None
+                except EOFError:  # the worker is gone: the liveness check above reports it
+                    continue
                 if job == self._running[w]:
                     self._running[w] = 0
-            elif not self.procs[w].is_alive():
-                raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code "
-                                 f"{self.procs[w].exitcode}")
+            elif deadline is not None and time.monotonic() > deadline:
+                raise DataflowError(f"loader worker {w} did not stop its previous job in {self.timeout} s")
         shared = self.shared[w]
         while shared.ready.acquire(False):
             pass
-        while shared.free.acquire(False):
-            pass
-        for _ in range(self.per_worker):
-            shared.free.release()
-
-    def _add_stages(self, w: int, row: list[float]) -> None:
-        mine = self.stage_by_worker[w]
-        for name, v in zip(self.stages, row[_STAGES:]):
-            mine[name] = mine.get(name, 0.0) + v
+        for slot in shared.slots:  # filled for the old job and never taken: free again
+            if self._table[slot, _STATE] == FILLED:
+                self._table[slot, _STATE] = FREE
+                shared.free.release()
 
     def close(self) -> None:
+        self.closed = True
         self._control[0] = 0
-        for c, shared in zip(self.ctrl, self.shared):
-            shared.free.release()
+        for c in self.ctrl:
             try:
                 c.send(("stop",))
             except (BrokenPipeError, OSError):
@@ -310,6 +359,21 @@ class WorkerPool:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
+
+
+class _Release:
+    """Hands a lent slot back to its worker (run by the lease's finaliser, in whatever thread drops it)."""
+
+    __slots__ = ("pool", "shared", "slot")
+
+    def __init__(self, pool: WorkerPool, shared: _Shared, slot: int):
+        self.pool, self.shared, self.slot = pool, shared, slot
+
+    def __call__(self) -> None:
+        if self.pool.closed:
+            return
+        self.pool._table[self.slot, _STATE] = FREE  # before the post: a permit always finds a FREE slot
+        self.shared.free.release()
 
 
 def _restore(payload: bytes | None, text: str, worker: int) -> BaseException:

@@ -1,126 +1,184 @@
-"""`StreamingDataLoader`: this rank's batches in a fixed order, with exact, elastic resume.
+"""`StreamingDataLoader`: this rank's batches in a fixed order, batches the user owns, exact and elastic resume.
 
-Batch b of an epoch holds this rank's samples [b*B, (b+1)*B). With workers, worker w builds the
-batches b with b % num_workers == w and the loader yields them back in order, so the batches do not
-depend on `num_workers`. Packed batches travel from the workers through a shared-memory slot ring
-(`handoff.py`): no per-batch allocation, only slot numbers cross processes. The state is the dataset's
-(epoch, global samples consumed): small, JSON-serialisable, valid for any number of workers or ranks.
+The batches come from `BatchPlan` (plan.py): batch b of an epoch holds this rank's samples
+[b*B, (b+1)*B), whatever the transport. Without workers they are filled in this process into fresh
+tensors; with workers, worker w builds the batches b with b % num_workers == w into a shared slot ring
+(`handoff.py`) and the loader yields them back in order as leased views, so the batches do not depend
+on `num_workers`. The loader advances the dataset's position (epoch, consumed) as it yields: that is
+the whole resume state, valid for any number of workers or ranks.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any, Iterator
 
+import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dataflow.errors import ConfigError
-from dataflow.loading.dataset import STAGES, StreamingDataset
+from dataflow.errors import ConfigError, DataflowError
+from dataflow.loading.dataset import StreamingDataset
 from dataflow.loading.handoff import WorkerPool
+from dataflow.loading.plan import BatchPlan
+from dataflow.loading.stages import BatchTiming, Hook, add_seconds, track_name
 
 
-def _add(into: dict[str, float], more: dict[str, float]) -> None:
-    """Add stage seconds into a running total."""
-    for k, v in more.items():
-        into[k] = into.get(k, 0.0) + v
+@dataclass
+class LoaderStats:
+    batches: int = 0  # yielded since the loader was made
+    copies: int = 0  # yielded as owned copies because the consumer held every slot of a worker
 
 
-class _BatchStream(IterableDataset):
+class _Documents(IterableDataset):
     """Whole-document batches through torch's DataLoader (variable sizes do not fit a fixed ring)."""
 
-    def __init__(self, dataset: StreamingDataset, batch_size: int, num_batches: int, consumed: int,
-                 stats: dict[str, float] | None = None):
-        self.dataset, self.batch_size, self.num_batches, self.consumed = dataset, batch_size, num_batches, consumed
-        self.stats = stats  # stage seconds, accumulated where the batches are built
+    def __init__(self, dataset: StreamingDataset, plan: BatchPlan):
+        self.dataset, self.plan = dataset, plan
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        per_rank = self.dataset.samples_per_rank(self.consumed)
-        for b in range(worker, self.num_batches, workers):
-            stop = min((b + 1) * self.batch_size, per_rank)
-            yield self.dataset.collate(self.dataset.rank_sample_ids(b * self.batch_size, stop, self.consumed),
-                                       stats=self.stats)
+        for b in range(worker, self.plan.num_batches, workers):
+            yield self.dataset.documents(self.plan.sample_ids(b), self.plan.epoch)
 
 
 class StreamingDataLoader:
     """Iterates a `StreamingDataset` in batches like a DataLoader, with `state_dict()` that resumes exactly.
 
-    Each `iter()` serves the rest of the current epoch; once an epoch is finished the next `iter()`
-    starts the next one. Takes DataLoader's `num_workers`, `pin_memory`, `persistent_workers`,
-    `prefetch_factor`, `timeout` and `multiprocessing_context`.
+    Each `iter()` serves the rest of the current epoch (a new `iter()` replaces an unfinished one and
+    continues where it stopped); once an epoch is finished the next `iter()` starts the next one.
+    `cycle=True` goes on epoch after epoch (for step-based training). Takes DataLoader's
+    `num_workers`, `pin_memory`, `persistent_workers`, `prefetch_factor`, `timeout` and
+    `multiprocessing_context`.
 
-    With workers, a yielded packed batch is a view of a shared slot: it stays valid until the consumer
-    has taken `lifetime` more batches (default 4, enough for a `DevicePrefetcher` of depth 2). Pass
-    `copy=True` for batches you own. `pin_memory=True` page-locks the slot ring when CUDA is present.
+    A yielded batch is yours: its values never change while anything references it. With workers it
+    is a view of a shared slot that goes back to the workers when you drop it; if you keep so many
+    that a worker would have no slot left, you get owned copies instead (counted in `stats.copies`).
+    `pin_memory=True` page-locks the batches when CUDA is present, so `DevicePrefetcher` copies them
+    to the GPU directly. `stage_hook(BatchTiming)` is called for each batch in the process that built
+    it (it must be picklable to reach workers): `dataflow profile` records through it.
     """
 
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, num_workers: int = 0,
                  drop_last: bool = True, pin_memory: bool = False, persistent_workers: bool = False,
                  prefetch_factor: int | None = None, timeout: float = 0, multiprocessing_context: Any = None,
-                 lifetime: int = 4, copy: bool = False):
+                 cycle: bool = False, held_batches: int = 4, stage_hook: Hook = None):
         if not isinstance(dataset, StreamingDataset):
             raise ConfigError("StreamingDataLoader takes a StreamingDataset")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be positive, got {batch_size}")
-        if num_workers < 0 or lifetime < 1:
-            raise ConfigError("num_workers must be >= 0 and lifetime >= 1")
+        for name, value, low in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
+                                 ("prefetch_factor", prefetch_factor or 2, 1), ("held_batches", held_batches, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not timeout >= 0:
+            raise ConfigError(f"timeout must be >= 0 seconds, got {timeout!r}")
         self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
         self.drop_last, self.pin_memory, self.persistent_workers = drop_last, pin_memory, persistent_workers
         self.prefetch_factor = prefetch_factor or 2
         self.timeout, self.context = timeout, multiprocessing_context
-        self.lifetime, self.copy = lifetime, copy
-        self.batches_yielded = 0  # in the current iteration
+        self.cycle, self.held_batches, self.stage_hook = cycle, held_batches, stage_hook
+        if len(self) == 0:
+            raise ConfigError(f"{dataset.paths[0]}: {len(dataset)} samples per rank and epoch, fewer than one batch "
+                              f"of {batch_size}; lower batch_size or pass drop_last=False")
         self._pool: WorkerPool | None = None
+        self._generation = 0  # the newest iterator; an older one raises if it is resumed
+        self._batches = 0
+        self._copies = 0  # of closed worker pools
         self._stages: dict[str, float] = {}  # stages run in this process (num_workers=0)
         self._stages_by_worker: dict[int, dict[str, float]] = {}  # those of closed worker pools
 
     def __len__(self) -> int:
-        """Batches left in the current epoch for this rank (the same on every rank)."""
-        per_rank = self.dataset.samples_per_rank()
+        """Batches of one epoch for this rank (the same on every rank)."""
+        per_rank = len(self.dataset)
         return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
 
-    def _batches(self, start: int, num_batches: int) -> Iterator[dict[str, Any]]:
+    @property
+    def pinned(self) -> bool:
+        """Whether yielded batches are page-locked (what `DevicePrefetcher` needs for a direct copy)."""
+        return bool(self.pin_memory and self.dataset.seq_len is not None and torch.cuda.is_available())
+
+    @property
+    def stats(self) -> LoaderStats:
+        return LoaderStats(self._batches, self._copies + (self._pool.copies if self._pool else 0))
+
+    # --- iteration ------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._generation += 1
+        return self._iterate(self._generation)
+
+    def _iterate(self, generation: int) -> Iterator[dict[str, Any]]:
         ds = self.dataset
-        if self.num_workers == 0:
-            return iter(_BatchStream(ds, self.batch_size, num_batches, start, self._stages))
+        while True:
+            plan = ds.plan(self.batch_size, self.drop_last)
+            source = self._source(plan)
+            try:
+                for b, batch in enumerate(source):
+                    if generation != self._generation:
+                        raise DataflowError("this loader iterator was replaced by a newer iter(loader); "
+                                            "iterate the new one")
+                    ds.consumed = plan.consumed_after(b + 1)  # before the yield: state_dict() includes this batch
+                    self._batches += 1
+                    yield batch
+                ds.epoch, ds.consumed = plan.epoch + 1, 0
+            except GeneratorExit:  # the consumer stopped early (break, or the iterator was dropped)
+                if generation == self._generation and not self.persistent_workers:
+                    self.close()
+                raise
+            except BaseException:
+                if generation == self._generation:
+                    self.close()  # a failed or killed pool is not reused: the next iter() starts afresh
+                raise
+            finally:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()
+            if not self.cycle:
+                break
+        if generation == self._generation and not self.persistent_workers:
+            self.close()
+
+    def _source(self, plan: BatchPlan) -> Iterator[dict[str, Any]]:
+        ds = self.dataset
         if ds.seq_len is None:
-            loader = DataLoader(_BatchStream(ds, self.batch_size, num_batches, start), batch_size=None,
-                                num_workers=self.num_workers, pin_memory=self.pin_memory, timeout=self.timeout,
-                                prefetch_factor=self.prefetch_factor, multiprocessing_context=self.context)
-            return iter(loader)
+            if self.num_workers == 0:
+                return (ds.documents(plan.sample_ids(b), plan.epoch) for b in range(plan.num_batches))
+            return iter(DataLoader(_Documents(ds, plan), batch_size=None, num_workers=self.num_workers,
+                                   pin_memory=self.pin_memory, timeout=self.timeout,
+                                   prefetch_factor=self.prefetch_factor, multiprocessing_context=self.context))
+        if self.num_workers == 0:
+            return self._in_process(plan)
+        if self._pool is not None and not self._pool.healthy():
+            self.close()
         if self._pool is None:
             self._pool = WorkerPool(ds, ds.batch_layout(self.batch_size), self.num_workers, self.prefetch_factor,
-                                    self.lifetime, self.context, pin=self.pin_memory, timeout=self.timeout,
-                                    stages=STAGES)
-        return self._pool.run(ds.epoch, start, num_batches, self.batch_size)
+                                    self.held_batches, self.context, pin=self.pin_memory, timeout=self.timeout,
+                                    hook=self.stage_hook)
+        return self._pool.run(plan)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        ds = self.dataset
-        start, num_batches = ds.consumed, len(self)
-        _, world = ds.rank_world()
-        total = ds.num_samples
-        self.batches_yielded = 0
-        source = self._batches(start, num_batches)
-        try:
-            for batch in source:
-                self.batches_yielded += 1
-                ds.consumed = min(start + self.batches_yielded * self.batch_size * world, total)
-                yield {k: v.clone() for k, v in batch.items()} if self.copy else batch
-            ds.epoch, ds.consumed = ds.epoch + 1, 0
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-            if not self.persistent_workers:
-                self.close()
+    def _in_process(self, plan: BatchPlan) -> Iterator[dict[str, torch.Tensor]]:
+        """Batches filled in this process into fresh tensors (pinned ones come from torch's host cache)."""
+        layout = {k: (shape[1:], torch.from_numpy(np.empty(0, dtype)).dtype)
+                  for k, (shape, dtype) in self.dataset.batch_layout(self.batch_size).items()}
+        pin = self.pinned
+        for b in range(plan.num_batches):
+            ids = plan.sample_ids(b)
+            out = {k: torch.empty((len(ids), *row), dtype=dtype, pin_memory=pin) for k, (row, dtype) in layout.items()}
+            t0 = time.perf_counter()
+            times = self.dataset.fill(ids, {k: v.numpy() for k, v in out.items()}, plan.epoch)
+            add_seconds(self._stages, times)
+            if self.stage_hook is not None:
+                self.stage_hook(BatchTiming(track_name(), t0, time.perf_counter(), len(ids), times))
+            yield out
 
+    # --- stage figures, shutdown, state -----------------------------------------------------------
     @property
     def stage_seconds(self) -> dict[str, float]:
         """Time per pipeline stage since the loader was made (fetch, read/decompress, shuffle, collate),
         summed over workers (or spent in the main process without workers); kept across epochs."""
         out = dict(self._stages)
         for d in self.stage_seconds_by_worker.values():
-            _add(out, d)
+            add_seconds(out, d)
         return out
 
     @property
@@ -128,14 +186,15 @@ class StreamingDataLoader:
         """`stage_seconds` of each worker process (a slow or starved worker stands out)."""
         out = {w: dict(d) for w, d in self._stages_by_worker.items()}
         for w, d in enumerate(self._pool.stage_by_worker if self._pool else []):
-            _add(out.setdefault(w, {}), d)
+            add_seconds(out.setdefault(w, {}), d)
         return out
 
     def close(self) -> None:
         """Stop the worker processes (also done at the end of each epoch unless persistent_workers)."""
         if self._pool is not None:
             for w, d in enumerate(self._pool.stage_by_worker):
-                _add(self._stages_by_worker.setdefault(w, {}), d)
+                add_seconds(self._stages_by_worker.setdefault(w, {}), d)
+            self._copies += self._pool.copies
             self._pool.close()
             self._pool = None
 
@@ -149,8 +208,8 @@ class StreamingDataLoader:
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the next batch starts: resume with `load_state_dict` in a new process."""
-        return {**self.dataset.state_dict(), "batch_size": self.batch_size}
+        """Where the next batch starts: resume with `load_state_dict` in a new process, any worker count."""
+        return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dataset.load_state_dict(state)

@@ -16,9 +16,12 @@ from dataflow.errors import ConfigError
 
 class Blend:
     def __init__(self, weights: list[float], period: int = 10_000):
-        w = np.asarray(weights, dtype=np.float64)
-        if w.ndim != 1 or len(w) == 0 or (w < 0).any() or w.sum() <= 0:
-            raise ConfigError(f"mixing weights must be non-negative with a positive sum, got {weights}")
+        try:
+            w = np.asarray([float(x) for x in weights], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ConfigError(f"mixing weights must be numbers, got {weights}") from None
+        if len(w) == 0 or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+            raise ConfigError(f"mixing weights must be finite, non-negative numbers with a positive sum, got {weights}")
         quota = _round_to_total(w / w.sum() * period, period)  # samples of each source per period
         self.weights = quota / period
         self.period = period

@@ -1,27 +1,36 @@
 """`DevicePrefetcher`: batches onto the device while the previous step computes.
 
 A background thread pulls batches from upstream (so host-side loading overlaps the step) into a
-bounded queue. On CUDA it copies each batch into one of a ring of pinned, reused host slots, launches
-the host-to-device copy with `non_blocking=True` on a side stream and records an event; the consumer's
-stream waits on that event and the tensors are `record_stream`-ed, so the caching allocator never
-hands their memory out early. A slot is refilled only after its copy has finished. On CPU the same
-thread gives the overlap without pinning.
+bounded queue. On CUDA:
+- upstream batches that are page-locked (a `StreamingDataLoader` with `pin_memory=True`, or
+  `pinned=True`) are copied straight to the device with `non_blocking=True` on a side stream; the
+  thread keeps the host batch referenced until its copy has finished, then drops it, which hands a
+  loader slot back to the workers;
+- other batches are first copied into one of a ring of pinned, reused host slots (a slot is refilled
+  only after its previous copy finished), then to the device the same way.
+The consumer's stream waits on each batch's event and the device tensors are `record_stream`-ed, so
+the caching allocator never hands their memory out early. On CPU the thread gives the overlap alone.
+
+Batches read ahead are never lost: after a `break`, the next `iter()` serves them first and goes on
+with the same upstream iterator, so the consumer sees the stream without a gap.
 """
 
 from __future__ import annotations
 
 import queue
-from collections import deque
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import torch
 
 from dataflow.errors import ConfigError
+from dataflow.loading.loader import StreamingDataLoader
 
 _DONE = object()
+JOIN_S = 60.0  # how long close() waits for an upstream `next()` in progress
 
 
 @dataclass
@@ -29,10 +38,10 @@ class PrefetchStats:
     batches: int = 0
     wait_s: float = 0.0  # consumer time blocked on the next batch
     last_wait_s: float = 0.0
-    host_allocations: int = 0  # pinned slots allocated (stops growing after warm-up)
+    host_allocations: int = 0  # pinned staging slots allocated (stops growing after warm-up)
     upstream_s: float = 0.0  # producer-thread time blocked on the upstream iterator (host-side loading)
     copy_s: float = 0.0  # host-to-device copy time, from CUDA events (0 on CPU)
-    direct_copies: int = 0  # batches copied straight from the loader's pinned ring (no staging copy)
+    direct_copies: int = 0  # batches copied straight from page-locked upstream memory (no staging copy)
     waits: deque = field(default_factory=lambda: deque(maxlen=100_000))  # recent waits, bounded
 
 
@@ -44,11 +53,6 @@ class _TimedEvent:
 
     def synchronize(self) -> None:
         self.end.synchronize()
-
-
-def _all_pinned(batch: Any) -> bool:
-    tensors = [batch] if torch.is_tensor(batch) else list(batch.values()) if isinstance(batch, dict) else []
-    return bool(tensors) and all(torch.is_tensor(t) and t.is_pinned() for t in tensors)
 
 
 class _Failure:
@@ -83,156 +87,199 @@ class _PinnedRing:
 class DevicePrefetcher:
     """Iterate `batches` (dicts of tensors, or tensors) on `device`, `depth` batches ahead.
 
-    A yielded CPU batch is the upstream's own object (for a `StreamingDataLoader` with workers: a view
-    of its slot ring, valid while fewer than `lifetime - depth - 1` further batches have been taken).
-    CUDA batches are device tensors owned by the consumer. When the upstream is a loader whose slot
-    ring is pinned (`pin_memory=True`), the copy goes straight from the ring to the device, with no
-    staging copy; the producer then waits for a copy to finish before its slot can come round again.
+    `pinned` says whether upstream batches are page-locked, so they can be copied to the GPU directly;
+    by default it is the loader's own `StreamingDataLoader.pinned` (its `pin_memory=True` on a CUDA
+    machine), and False for any other iterable (batches go through a pinned staging copy).
+    CPU batches are the upstream's own (yours: a loader never reuses one you hold); CUDA batches
+    are fresh device tensors. `state_dict()` is the upstream loader's state after the last batch
+    *yielded* here (not what was read ahead): checkpoint it, resume with `load_state_dict`.
     """
 
-    def __init__(self, batches: Iterable[Any], device: str | torch.device = "cpu", depth: int = 2):
-        if depth < 1:
-            raise ValueError("depth must be at least 1")
-        self.upstream = batches
-        lifetime = getattr(batches, "lifetime", None)
-        if lifetime is not None and getattr(batches, "num_workers", 0) and lifetime < depth + 2:
-            raise ConfigError(f"the loader's batches live for {lifetime} batches; a prefetcher of depth {depth} "
-                              f"needs at least {depth + 2}: raise StreamingDataLoader(lifetime=...)")
-        self.device = torch.device(device)
-        self.depth = depth
-        self.stats = PrefetchStats()
+    def __init__(self, batches: Iterable[Any], device: str | torch.device = "cpu", depth: int = 2,
+                 pinned: bool | None = None):
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ConfigError(f"DevicePrefetcher depth must be an integer >= 1, got {depth!r}")
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError(f"DevicePrefetcher: {device!r} is not a device ({e}); use 'cpu' or 'cuda[:N]'") from None
         self._cuda = self.device.type == "cuda"
+        if self._cuda and not torch.cuda.is_available():
+            raise ConfigError(f"DevicePrefetcher(device={str(device)!r}): CUDA is not available here (torch "
+                              f"{torch.__version__}, {torch.cuda.device_count()} GPUs visible); use device='cpu'")
+        if isinstance(batches, StreamingDataLoader):  # it sizes its slot ring for what this queue holds
+            batches.held_batches = max(batches.held_batches, depth + 2)
+            if pinned is None:
+                pinned = batches.pinned
+        self.upstream, self.depth, self.pinned = batches, depth, bool(pinned)
+        self.stats = PrefetchStats()
+        self._state_of = getattr(batches, "state_dict", None)
+        self._it: Iterator[Any] | None = None  # the upstream iterator, kept across a break
+        self._pending: deque = deque()  # items read ahead and not yet yielded (after a break)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._carry: list[Any] = []  # an item the stopped thread had in hand
+        self._ring: _PinnedRing | None = None
         self._last_event: _TimedEvent | None = None
         self._state: dict[str, Any] | None = None
 
+    # --- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The upstream loader's state after the last batch this prefetcher *yielded* (not what its
-        thread has read ahead): checkpoint this, and `load_state_dict` it into the loader to resume."""
+        """The upstream loader's state after the last batch this prefetcher *yielded*."""
         if self._state is not None:
             return self._state
-        state_of = getattr(self.upstream, "state_dict", None)
-        if state_of is None:
-            raise TypeError("the upstream iterable has no state_dict()")
-        return state_of()
+        if self._state_of is None:
+            raise ConfigError("the upstream iterable has no state_dict(); pass a StreamingDataLoader")
+        return self._state_of()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the upstream loader at `state`; batches read ahead are dropped."""
+        load = getattr(self.upstream, "load_state_dict", None)
+        if load is None:
+            raise ConfigError("the upstream iterable has no load_state_dict(); pass a StreamingDataLoader")
+        self.close()
+        self._pending.clear()
+        self._it = None
+        load(state)
+        self._state = self._state_of() if self._state_of else None
 
     # --- producer thread ------------------------------------------------------------------------
-    def _produce(self, it: Iterator[Any]) -> None:
-        stream = torch.cuda.Stream(device=self.device) if self._cuda else None
-        ring = _PinnedRing(self.depth + 1, self.stats) if self._cuda else None
-        lifetime = getattr(self.upstream, "lifetime", None)
-        state_of = getattr(self.upstream, "state_dict", None)
-        in_flight: deque = deque()  # events of direct copies whose source slot the loader may reuse
+    def _produce(self, it: Iterator[Any], q: queue.Queue, stop: threading.Event) -> None:
+        in_flight: deque = deque()  # (event, host batch) of direct copies: the host memory stays referenced
         try:
-            while True:
+            stream = torch.cuda.Stream(device=self.device) if self._cuda else None
+            if self._cuda and not self.pinned and self._ring is None:
+                self._ring = _PinnedRing(self.depth + 1, self.stats)
+            while not stop.is_set():
                 t0 = time.perf_counter()
                 batch = next(it, _DONE)
                 self.stats.upstream_s += time.perf_counter() - t0
                 if batch is _DONE:
-                    break
-                if self._stop.is_set():
+                    self._put(q, stop, _DONE)
                     return
+                while in_flight and (len(in_flight) > self.depth or in_flight[0][0].end.query()):
+                    in_flight.popleft()[0].synchronize()  # its copy is done: the host batch may go
                 if not self._cuda:
                     item = (batch, None)
-                elif lifetime and _all_pinned(batch):
-                    item = self._copy_direct(batch, stream)
-                    in_flight.append(item[1])
-                    if len(in_flight) >= lifetime - 1:  # the slot of that batch comes round next
-                        in_flight.popleft().synchronize()
+                elif self.pinned:
+                    item = self._copy(batch, stream)
+                    in_flight.append((item[1], batch))
+                    self.stats.direct_copies += 1
                 else:
-                    item = self._to_device(batch, stream, ring)
-                if state_of is not None:  # the upstream's resume point right after this batch
-                    item = (*item, state_of())
-                self._put(item)
-            self._put(_DONE)
+                    item = self._stage_and_copy(batch, stream)
+                del batch
+                self._put(q, stop, (*item, self._state_of() if self._state_of else None))
+                del item
         except BaseException as e:  # handed to the consumer, raised there with its message
-            self._put(_Failure(e))
+            self._put(q, stop, _Failure(e))
+        finally:
+            for event, _ in in_flight:  # the host memory may go back to the loader only once copied
+                event.synchronize()
 
-    def _put(self, item: Any) -> None:
-        """Queue `item`, giving up when the consumer has stopped (never blocks a shutdown)."""
-        while not self._stop.is_set():
+    def _put(self, q: queue.Queue, stop: threading.Event, item: Any) -> None:
+        """Queue `item`; when the consumer has stopped, keep it for the next iteration instead."""
+        while not stop.is_set():
             try:
-                self._queue.put(item, timeout=0.1)
+                q.put(item, timeout=0.05)
                 return
             except queue.Full:
                 continue
+        self._carry.append(item)
 
-    def _copy_direct(self, batch: dict[str, torch.Tensor], stream: Any) -> tuple[Any, Any]:
-        out = dict(batch)
-        with torch.cuda.stream(stream):
-            start = torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            for k, v in batch.items():
-                if torch.is_tensor(v):
-                    out[k] = v.to(self.device, non_blocking=True)
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(stream)
-        self.stats.direct_copies += 1
-        out_event = _TimedEvent(start, event)
-        return out, out_event
-
-    def _to_device(self, batch: Any, stream: Any, ring: _PinnedRing) -> tuple[Any, Any]:
+    def _copy(self, batch: Any, stream: Any) -> tuple[Any, _TimedEvent]:
+        """Launch the host-to-device copies of `batch` on `stream`; the event marks their end."""
         single = torch.is_tensor(batch)
         b = {"_": batch} if single else batch
-        i, slot = ring.take(b)
         out = dict(b)
         with torch.cuda.stream(stream):
             start = torch.cuda.Event(enable_timing=True)
             start.record(stream)
-            for k, host in slot.items():
-                host.copy_(b[k])
-                out[k] = host.to(self.device, non_blocking=True)
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(stream)
-        ring.events[i] = event
-        return (out["_"] if single else out), _TimedEvent(start, event)
+            for k, v in b.items():
+                if torch.is_tensor(v):
+                    out[k] = v.to(self.device, non_blocking=True)
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(stream)
+        return (out["_"] if single else out), _TimedEvent(start, end)
+
+    def _stage_and_copy(self, batch: Any, stream: Any) -> tuple[Any, _TimedEvent]:
+        """Copy `batch` into a pinned staging slot, then launch its copy to the device."""
+        single = torch.is_tensor(batch)
+        b = {"_": batch} if single else batch
+        i, slot = self._ring.take(b)
+        for k, host in slot.items():
+            host.copy_(b[k])
+        out, event = self._copy({**b, **slot}, stream)
+        self._ring.events[i] = event
+        return (out["_"] if single else out), event
 
     # --- consumer -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self.close()
-        self._stop.clear()
+        if self._it is None:
+            if self._state is None and self._state_of is not None:
+                self._state = self._state_of()  # what state_dict() says before the first batch arrives
+            self._it = iter(self.upstream)
+        self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.depth)
-        self._thread = threading.Thread(target=self._produce, args=(iter(self.upstream),),
+        self._thread = threading.Thread(target=self._produce, args=(self._it, self._queue, self._stop),
                                         name="dataflow-prefetch", daemon=True)
         self._thread.start()
         try:
             while True:
                 t0 = time.perf_counter()
-                item = self._queue.get()
+                item = self._pending.popleft() if self._pending else self._queue.get()
                 wait = time.perf_counter() - t0
                 if item is _DONE:
+                    self._it = None
                     return
                 if isinstance(item, _Failure):
+                    self._it = None
                     raise item.exc
-                batch, event = item[0], item[1]
-                if len(item) > 2:
-                    self._state = item[2]
+                batch, event, state = item
+                if state is not None:
+                    self._state = state
                 if event is not None:
-                    current = torch.cuda.current_stream(self.device)
-                    current.wait_event(event.end)
-                    if self._last_event is not None and self._last_event.end.query():
-                        self.stats.copy_s += self._last_event.start.elapsed_time(self._last_event.end) / 1e3
-                    self._last_event = event
-                    for t in (batch.values() if isinstance(batch, dict) else [batch]):
-                        if torch.is_tensor(t) and t.is_cuda:
-                            t.record_stream(current)
+                    self._wait_for(event, batch)
                 self.stats.batches += 1
                 self.stats.wait_s += wait
                 self.stats.last_wait_s = wait
                 self.stats.waits.append(wait)
+                del item
                 yield batch
         finally:
             self.close()
 
+    def _wait_for(self, event: _TimedEvent, batch: Any) -> None:
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(event.end)
+        if self._last_event is not None and self._last_event.end.query():
+            self.stats.copy_s += self._last_event.start.elapsed_time(self._last_event.end) / 1e3
+        self._last_event = event
+        for t in (batch.values() if isinstance(batch, dict) else [batch]):
+            if torch.is_tensor(t) and t.is_cuda:
+                t.record_stream(current)
+
     def close(self) -> None:
-        """Stop the producer thread (called on exhaustion, `break`, garbage collection)."""
+        """Stop the producer thread, keeping what it read ahead for the next iteration (called on
+        exhaustion, `break`, garbage collection)."""
         self._stop.set()
         t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=5)
+        if t is None or t is threading.current_thread():
+            return
+        t.join(timeout=JOIN_S)
         self._thread = None
+        if t.is_alive():  # stuck in the upstream: abandon that iterator, the next iter() starts a new one
+            self._it = None
+            self._pending.clear()
+            return
+        while True:
+            try:
+                self._pending.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        self._pending.extend(self._carry)
+        self._carry = []
 
     def __del__(self) -> None:
         try:

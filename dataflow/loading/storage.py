@@ -23,7 +23,7 @@ from typing import Any
 
 import fsspec
 
-from dataflow.errors import DataflowError, FormatError
+from dataflow.errors import FormatError, StorageError
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.writer import parse_size
 from dataflow.loading import cache
@@ -35,10 +35,6 @@ RETRIES = 5  # attempts per download
 BACKOFF_S = 0.2  # first retry delay; doubles each attempt (with jitter), capped at 10 s
 PREFETCH_WORKERS = 4  # concurrent background downloads per process
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
-
-
-class StorageError(DataflowError):
-    """A remote shard could not be fetched: the server refused or kept failing."""
 
 
 class _Corrupt(Exception):

@@ -4,8 +4,8 @@ One configuration runs one `StreamingDataLoader` (persistent workers, epochs cyc
 `DevicePrefetcher`: `warmup` batches (startup, not counted), `batches` with no consumer (capacity:
 batches/s the pipeline delivers), `warmup` more at the consumer's pace (the capacity phase drained
 the queues), then `batches` against the consumer under a `StarvationMonitor`.
-The dataset records each batch's stages from inside the workers (`recorder.py`), so the report can
-say which stage and which worker the time goes to.
+The loader's `stage_hook` records each batch's stages from inside the workers (`recorder.py`), so the
+report can say which stage and which worker the time goes to.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataflow.errors import ConfigError
 from dataflow.profiling import advice
 from dataflow.profiling.consumers import Consumer, idle
 from dataflow.profiling.monitor import StarvationMonitor
-from dataflow.profiling.recorder import TimedUpstream, per_track_seconds, read_stage_events, record_stages
+from dataflow.profiling.recorder import StageRecorder, TimedUpstream, per_track_seconds, read_stage_events
 from dataflow.profiling.stages import breakdown, merge_seconds
 
 
@@ -62,22 +62,11 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _cycle(loader: Any) -> Iterator[Any]:
-    """The loader's batches epoch after epoch (small datasets wrap around)."""
-    while True:
-        n = 0
-        for batch in loader:
-            n += 1
-            yield batch
-        if n == 0:
-            raise ConfigError("the dataset yields no batch of this size; lower --batch-size or --seq-len")
-
-
 def memory_estimate_mb(s: RunSettings, manifest_tokens: int, shards: int, shuffle_window: int, cuda: bool) -> float:
     """Rough host memory of a configuration: slot ring, pinned copies, decompressed shards per reader."""
     slot = 2 * (-(-s.batch_size * s.seq_len * 8 // 4096) * 4096)  # input_ids + labels, int64, page-rounded
-    lifetime = max(4, s.depth + 2)
-    ring = (s.prefetch_factor + math.ceil(lifetime / s.num_workers)) * s.num_workers * slot if s.num_workers else 0
+    held = max(4, s.depth + 2)  # what the loader's ring makes room for behind a prefetcher (see handoff.py)
+    ring = (s.prefetch_factor + math.ceil(held / s.num_workers) + 1) * s.num_workers * slot if s.num_workers else 0
     pinned = (s.depth + 1) * slot if cuda else 0
     readers = max(s.num_workers, 1)
     shard_bytes = 2 * manifest_tokens / max(shards, 1) * min(shuffle_window, max(shards, 1))
@@ -98,12 +87,12 @@ def run_config(s: RunSettings, consumer: Consumer, capacity: bool = True, keep_t
         if ds.num_samples < s.batch_size:
             raise ConfigError(f"{s.data} has {ds.num_samples} samples of {s.seq_len + 1} tokens: fewer than one "
                               f"batch of {s.batch_size}")
-        record_stages(ds, folder)
         loader = StreamingDataLoader(ds, batch_size=s.batch_size, num_workers=s.num_workers, persistent_workers=True,
-                                     prefetch_factor=s.prefetch_factor, lifetime=max(4, s.depth + 2),
-                                     pin_memory=device.startswith("cuda"))
-        upstream = TimedUpstream(_cycle(loader), like=loader)
-        prefetcher = DevicePrefetcher(upstream, device=device, depth=s.depth)
+                                     prefetch_factor=s.prefetch_factor, held_batches=max(4, s.depth + 2),
+                                     pin_memory=device.startswith("cuda"), cycle=True,
+                                     stage_hook=StageRecorder(folder))
+        upstream = TimedUpstream(loader)  # small datasets wrap around: the loader cycles through epochs
+        prefetcher = DevicePrefetcher(upstream, device=device, depth=s.depth, pinned=loader.pinned)
         try:
             t0 = time.perf_counter()
             it = iter(prefetcher)

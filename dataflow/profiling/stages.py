@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-STAGES = ("fetch", "read", "shuffle", "collate", "h2d")
-DESCRIPTIONS = {
-    "fetch": "download and open shards",
-    "read": "read and decompress record batches",
-    "shuffle": "epoch order: locate samples",
-    "collate": "pack windows into the batch",
-    "h2d": "host-to-device copy",
-}
+from dataflow.loading.stages import DESCRIPTIONS as LOADER_DESCRIPTIONS
+from dataflow.loading.stages import STAGES as LOADER_STAGES
+from dataflow.loading.stages import add_seconds
+
+STAGES = (*LOADER_STAGES, "h2d")  # the loader's stages, then the prefetcher's copy
+DESCRIPTIONS = {**LOADER_DESCRIPTIONS, "h2d": "host-to-device copy"}
 LINKS = ("upstream", "loader", "dataloader", "batches", "source", "_upstream", "_loader")
 
 
@@ -125,6 +123,5 @@ def breakdown(seconds: dict[str, float], batches: int, per_worker: dict[str, dic
 def merge_seconds(parts: Iterable[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for p in parts:
-        for k, v in p.items():
-            out[k] = out.get(k, 0.0) + v
+        add_seconds(out, p)
     return out

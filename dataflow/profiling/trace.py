@@ -2,7 +2,7 @@
 
 Tracks: the consumer (main thread: `wait` and `step` slices), the prefetch thread (`load`: its
 `next()` on the loader), and one per loader worker (a `batch` slice holding `shuffle`, `fetch`,
-`read` and `collate`, laid out in the order `collate_into` runs them). Times are microseconds from the
+`read` and `collate`, laid out in the order `StreamingDataset.fill` runs them). Times are microseconds from the
 start of the run.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from dataflow.errors import ConfigError
+from dataflow.loading.stages import STAGES
 
-ORDER = ("shuffle", "fetch", "read", "collate")  # the order inside collate_into: locate, open, read, pack
 CONSUMER_TID, PREFETCH_TID = 1, 2
 
 
@@ -63,7 +63,7 @@ def build_trace(timeline: dict[str, np.ndarray], stage_events: list[dict[str, An
                 events.append(_meta(e["pid"], tid, "thread_name", e["track"]))
         events.append(_slice("batch", e["pid"], tid, e["t0"], e["t1"] - e["t0"], origin, rows=e["rows"]))
         t = e["t0"]
-        for stage in ORDER:
+        for stage in STAGES:  # their order of work: locate, open, read, pack
             d = e["stages"].get(stage, 0.0)
             if d > 0:
                 events.append(_slice(stage, e["pid"], tid, t, d, origin))

@@ -35,8 +35,8 @@ NOTES_LOADER = """\
 - Main-process CPU per batch is the CPU time of the training process (all its threads) between the first and the
   last batch, divided by the batches: what loading takes from the training loop. With workers it is the hand-off
   alone; in the training process it is all the loading.
-- Ours yields, with workers, views of a shared slot ring (valid for 4 more batches; `copy=True` yields owned
-  tensors); the peers yield owned tensors.
+- Ours yields, with workers, views of a shared slot ring that stay valid while referenced (a slot goes back to
+  the workers when the batch is dropped); the peers yield owned tensors.
 """
 
 NOTES_INSTALL = """\

@@ -1,0 +1,53 @@
+"""The loader's stages, their one adder, and the one hook through which per-batch timings leave the loader.
+
+`StreamingDataset.fill` returns the seconds of each stage for one batch. The transport that ran it
+(the main process, or a worker) adds them to the loader's running totals and, when the user passed a
+`stage_hook`, calls it with a `BatchTiming` in the process that built the batch (so it must be
+picklable to reach workers). `dataflow profile` subscribes through that hook; nothing is patched.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+STAGES = ("shuffle", "fetch", "read", "collate")  # what `StreamingDataset.fill` times, in its order of work
+DESCRIPTIONS = {
+    "shuffle": "epoch order: locate samples",
+    "fetch": "download and open shards",
+    "read": "read and decompress record batches",
+    "collate": "pack windows into the batch",
+}
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """One batch as built: where (`track`: worker-N or main:<thread>), when (perf_counter, a clock shared
+    by the machine's processes on Linux), how many rows, and the seconds of each stage."""
+
+    track: str
+    t0: float
+    t1: float
+    rows: int
+    seconds: dict[str, float]
+
+
+StageHook = Callable[[BatchTiming], None]
+Hook = Optional[StageHook]
+
+
+def add_seconds(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """Add stage seconds into a running total (in place; returns it)."""
+    for k, v in more.items():
+        into[k] = into.get(k, 0.0) + v
+    return into
+
+
+def track_name() -> str:
+    """The timeline track of the calling process/thread: worker-N inside a loader worker, else main:<thread>."""
+    name = multiprocessing.current_process().name  # the pool names its workers dataflow-loader-<w>
+    if name.startswith("dataflow-loader-"):
+        return "worker-" + name.rsplit("-", 1)[1]
+    return "main:" + threading.current_thread().name.replace(" ", "_")
