@@ -314,3 +314,50 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_len_is_this_ranks_samples_per_epoch_whatever_the_position(path):
+    ds = StreamingDataset(path, seq_len=SEQ, seed=1, rank=1, world_size=3)
+    n = len(ds)
+    assert n == ds.num_samples // 3
+    loader = StreamingDataLoader(ds, batch_size=B)
+    it = iter(loader)
+    for _ in range(10):
+        next(it)
+    assert len(ds) == n and len(loader) == n // B
+
+
+def test_random_access_returns_the_stored_sample(path):
+    ds = StreamingDataset(path, seq_len=SEQ, seed=1)
+    first, last = ds[0], ds[len(ds) - 1]
+    assert torch.equal(first["input_ids"], torch.arange(SEQ)) and torch.equal(first["labels"], torch.arange(1, SEQ + 1))
+    assert torch.equal(ds[-1]["input_ids"], last["input_ids"])
+    windows = {tuple(b["input_ids"][i].tolist()) for b in StreamingDataLoader(ds, batch_size=B, drop_last=False)
+               for i in range(len(b["input_ids"]))}
+    assert all(tuple(ds[i]["input_ids"].tolist()) in windows for i in range(0, len(ds), 37))
+    with pytest.raises(IndexError, match="outside"):
+        ds[len(ds)]
+    docs = StreamingDataset(path)
+    assert docs[1]["id"] and torch.equal(docs[0]["tokens"][:3], torch.arange(3))
+    with pytest.raises(ConfigError, match="mix"):
+        StreamingDataset({path: 1.0, path + "/": 1.0}, seq_len=SEQ)[0]
+
+
+def test_a_dataset_or_loader_that_can_yield_nothing_says_why_at_construction(path):
+    with pytest.raises(ConfigError, match="lower seq_len"):
+        StreamingDataset(path, seq_len=100_000)
+    ds = StreamingDataset(path, seq_len=SEQ)
+    with pytest.raises(ConfigError, match="fewer than one batch"):
+        StreamingDataLoader(ds, batch_size=len(ds) + 1)
+    assert len(StreamingDataLoader(ds, batch_size=len(ds) + 1, drop_last=False)) == 1
+
+
+def test_print_monitor_is_one_line():
+    from dataflow import StarvationMonitor
+
+    mon = StarvationMonitor()
+    for _ in mon.wrap(iter([1, 2, 3])):
+        with mon.step():
+            pass
+    text = str(mon)
+    assert "\n" not in text and text.startswith("starvation:") and mon.summary()["steps"] == 3

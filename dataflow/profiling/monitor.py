@@ -205,6 +205,10 @@ class StarvationMonitor:
                 f"{1e3 * s['step_s']:.1f} ms; {tput}; fetch CPU {s['fetch_cpu_ms_per_batch']:.2f} ms/batch; "
                 f"verdict: {s['verdict']} ({s['verdict_rule']})")
 
+    def __str__(self) -> str:
+        """The one-line summary (`print(monitor)`); `summary()` is the dict."""
+        return self.format_summary()
+
 
 class _Step:
     """The reusable context manager `step()` returns (cheaper than a generator-based one)."""
