@@ -83,7 +83,21 @@ def test_config_runs_the_trainer_model_step(ds, tmp_path, capsys):
 def test_registered_in_the_dataflow_command():
     from dataflow.cli import build_parser
 
-    try:
-        build_parser().parse_args(["profile", "x", "--batch-size", "1", "--seq-len", "1", "--step-ms", "1"])
-    except SystemExit:
-        pytest.skip("`profile` not yet registered in dataflow/cli.py (one-line diff pending)")
+    args = build_parser().parse_args(["profile", "x", "--batch-size", "1", "--seq-len", "1", "--step-ms", "1"])
+    assert args.func.__name__ == "cmd_profile" and args.batch_size == 1 and args.step_ms == 1
+
+
+def test_config_profiles_the_loader_the_trainer_builds(ds, tmp_path):
+    """--config goes through the trainer's own build_data: its shuffle window and document masking count."""
+    from dataflow.profiling.consumers import load_target
+    from dataflow.profiling.profile import RunSettings
+
+    cfg = tmp_path / "masked.toml"
+    cfg.write_text('[data]\nseq_len = 32\nbatch_size = 2\nnum_workers = 0\nshuffle_window = 3\ndoc_mask = true\n'
+                   '[model]\nn_layer = 1\nn_head = 2\nd_model = 32\n[train]\nprecision = "fp32"\ndevice = "cpu"\n')
+    target = load_target(str(cfg))
+    assert target.defaults["batch_size"] == 2 and target.defaults["seq_len"] == 32
+    s = RunSettings(data=ds, batch_size=2, seq_len=32, num_workers=0, device="cpu")
+    loader = target.make_loader(s, persistent_workers=True)
+    assert loader.dataset.shuffle_window == 3 and loader.persistent_workers
+    assert "position_ids" in next(iter(loader))

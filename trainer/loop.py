@@ -35,8 +35,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_data(cfg: Config, d: Dist) -> tuple[Any, Any, Any]:
-    """Train dataset and loader, and the validation loader (or None)."""
+def build_data(cfg: Config, d: Dist, **loader_options: Any) -> tuple[Any, Any, Any]:
+    """Train dataset and loader (`loader_options` override StreamingDataLoader's), and the validation
+    loader (or None)."""
     ds = dataflow.StreamingDataset(cfg.data.path, seq_len=cfg.data.seq_len, seed=cfg.train.seed,
                                    shuffle_window=cfg.data.shuffle_window, position_ids=cfg.data.doc_mask)
     if ds.num_samples // d.world_size < cfg.data.batch_size:
@@ -44,8 +45,9 @@ def build_data(cfg: Config, d: Dist) -> tuple[Any, Any, Any]:
                           f"for data.batch_size = {cfg.data.batch_size} on {d.world_size} process(es)")
     # the product's path: workers fill page-locked slots that the prefetcher copies to the GPU directly;
     # cycle: epoch after epoch, so the loop counts steps, not epochs
+    options = {"pin_memory": d.device.type == "cuda", "cycle": True, **loader_options}
     loader = dataflow.StreamingDataLoader(ds, batch_size=cfg.data.batch_size, num_workers=cfg.data.num_workers,
-                                          pin_memory=d.device.type == "cuda", cycle=True)
+                                          **options)
     val_loader = None
     if cfg.data.val_path:
         val = dataflow.StreamingDataset(cfg.data.val_path, seq_len=cfg.data.seq_len, shuffle=False,

@@ -32,7 +32,7 @@ def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="batches taken before measuring (default: enough "
                    "to start every worker)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default auto: cuda when present)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="shuffle seed (default: train.seed of --config, else 0)")
     p.add_argument("--sweep", nargs="+", metavar="KEY=V,V", help="also try each combination, e.g. "
                    "--sweep num_workers=0,1,2 depth=1,2,4; recommends the cheapest below 1%% data wait")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -42,43 +42,42 @@ def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _settings(args: argparse.Namespace) -> tuple[Any, Any]:
-    """RunSettings and the consumer from the arguments (and the trainer config, when given)."""
+def _settings(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """RunSettings, the consumer and the loader factory from the arguments (and the training config)."""
     from dataflow.profiling import consumers
-    from dataflow.profiling.profile import RunSettings, resolve_device
+    from dataflow.profiling.profile import RunSettings, make_loader, resolve_device
 
-    tcfg = consumers.load_trainer_config(args.config) if args.config else None
-    d = tcfg.data if tcfg is not None else None
-    data = args.data or (d.path if d is not None else None)
+    target = consumers.load_target(args.config) if args.config else None
+    defaults = target.defaults if target is not None else {}
+    data = args.data or defaults.get("data")
     if not data:
         raise ConfigError("name the dataset: dataflow profile DATA ... (or set data.path in --config)")
     pick = {"batch_size": args.batch_size, "seq_len": args.seq_len, "num_workers": args.num_workers,
             "depth": args.depth}
-    from_cfg = {"batch_size": "batch_size", "seq_len": "seq_len", "num_workers": "num_workers",
-                "depth": "prefetch_depth"}
     for key, value in pick.items():
-        if value is None and d is not None:
-            pick[key] = getattr(d, from_cfg[key])
+        if value is None:
+            pick[key] = defaults.get(key)
     pick["num_workers"] = 2 if pick["num_workers"] is None else pick["num_workers"]
     pick["depth"] = 2 if pick["depth"] is None else pick["depth"]
     for key in ("batch_size", "seq_len"):
         if pick[key] is None:
             raise ConfigError(f"--{key.replace('_', '-')} is required (or take it from a trainer --config)")
     device = args.device
-    if device == "auto" and tcfg is not None and tcfg.train.device != "auto":
-        device = tcfg.train.device
+    if device == "auto" and defaults.get("device"):
+        device = defaults["device"]
+    seed = args.seed if args.seed is not None else defaults.get("seed", 0)
     s = RunSettings(data=data, prefetch_factor=args.prefetch_factor, batches=args.batches, warmup=args.warmup,
-                    device=device, seed=args.seed, **pick)
+                    device=device, seed=seed, **pick)
     s.check()
     from dataflow.loading.dataset import StreamingDataset
 
     ds = StreamingDataset(data, seq_len=s.seq_len)  # reads the manifest: a wrong path fails before measuring
-    if ds.num_samples < s.batch_size:
+    if len(ds) < s.batch_size:
         raise ConfigError(f"{data} has {ds.num_samples} samples of {s.seq_len + 1} tokens: fewer than one batch "
                           f"of {s.batch_size}; lower --batch-size or --seq-len")
-    if tcfg is None:
-        return s, consumers.sleeper(args.step_ms)
-    return s, consumers.model_step(tcfg, ds.vocab_size, s.seq_len, resolve_device(s.device))
+    if target is None:
+        return s, consumers.sleeper(args.step_ms), make_loader
+    return s, target.make_consumer(ds.vocab_size, s.seq_len, resolve_device(s.device)), target.make_loader
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -91,15 +90,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from dataflow.profiling.plot import _pyplot
 
         _pyplot()  # a missing matplotlib fails before minutes of measuring
-    s, consumer = _settings(args)
+    s, consumer, loader_factory = _settings(args)
 
     def say(msg: str) -> None:
         print(f"dataflow profile: {msg}", file=sys.stderr, flush=True)
 
     say(f"measuring capacity, then {args.batches} batches against {consumer.description}")
-    report: dict[str, Any] = {"result": run_config(s, consumer)}
+    report: dict[str, Any] = {"result": run_config(s, consumer, loader_factory=loader_factory)}
     if grid:
-        report["sweep"] = sweeping.sweep(s, grid, consumer, progress=say)
+        report["sweep"] = sweeping.sweep(s, grid, consumer, progress=say, loader_factory=loader_factory)
     if args.trace:
         from dataflow.profiling.trace import build_trace, write_trace
 

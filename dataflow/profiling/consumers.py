@@ -1,13 +1,12 @@
-"""What `dataflow profile` runs as the training step: nothing (capacity), a sleep, or the trainer's model step.
+"""What `dataflow profile` runs as the training step: nothing (capacity), a sleep, or a training program's step.
 
-The model step (`--config TRAINER.toml`) builds the bundled trainer's `GPT` from the config's
-[model] section and runs forward, backward and an AdamW step on each batch, single process, so the
-loader is measured against the compute it will really have to keep up with.
+With `--config TRAINER.toml`, a training program registered for the `dataflow.profile` entry point
+(the bundled trainer) builds the loader and the model step itself (`ProfileTarget`), so the loader is
+measured against the compute it will really have to keep up with.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -37,39 +36,34 @@ def sleeper(step_ms: float) -> Consumer:
                     step_ms)
 
 
-def load_trainer_config(path: str) -> Any:
-    """The trainer's config at `path` (data.path may stay empty: the profile names its dataset)."""
+@dataclass
+class ProfileTarget:
+    """What a training program hands `dataflow profile --config`: its own data pipeline and its step.
+
+    A program registers `NAME = "module:function"` in the `dataflow.profile` entry-point group; the
+    function takes the config path and returns this. The bundled trainer does (`trainer.profile`), so
+    the profile measures the loader the trainer really builds (shuffle window, document masking...)
+    against the compute it really runs, and `dataflow` never imports the trainer.
+    """
+
+    defaults: dict[str, Any]  # RunSettings fields read from the config (data, batch_size, seq_len, ...)
+    make_loader: Callable[..., Any]  # (settings, **loader options) -> a StreamingDataLoader
+    make_consumer: Callable[[int, int, str], Consumer]  # (vocab_size, seq_len, device) -> the step
+
+
+def load_target(config: str) -> ProfileTarget:
+    """The `ProfileTarget` for a training config, from the one program registered for `dataflow.profile`."""
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group="dataflow.profile"))
+    if not found:
+        raise ConfigError("--config needs a training program registered in the 'dataflow.profile' entry-point group "
+                          "(the bundled trainer is: reinstall the project with `pip install -e .`)")
+    if len(found) > 1:
+        raise ConfigError(f"--config: several programs registered for 'dataflow.profile' "
+                          f"({', '.join(e.name for e in found)}); uninstall all but one")
     try:
-        from trainer.config import load_config
-        from trainer.model import GPT  # noqa: F401  (checked here so the error names the trainer)
+        make = found[0].load()
     except ImportError as e:
-        raise ConfigError(f"--config needs the bundled trainer package (trainer.config.load_config, "
-                          f"trainer.model.GPT), which does not import here: {e}") from None
-    return load_config(path, check=False)
-
-
-def model_step(cfg: Any, vocab_size: int, seq_len: int, device: str) -> Consumer:
-    """Forward, backward and optimizer step of the trainer's GPT (the config's [model]) on `device`."""
-    import torch
-    from trainer.model import GPT
-
-    dev = torch.device(device)
-    model = GPT(cfg.model, vocab_size, seq_len).to(dev)
-    if hasattr(model, "init_weights"):
-        model.init_weights(cfg.train.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
-    bf16 = cfg.train.precision == "bf16" and (dev.type == "cuda" or dev.type == "cpu")
-    amp = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-
-    def step(batch: Any) -> None:
-        with amp():
-            loss = model(batch["input_ids"].to(dev, non_blocking=True), batch["labels"].to(dev, non_blocking=True),
-                         batch["position_ids"].to(dev) if "position_ids" in batch else None)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    params = sum(p.numel() for p in model.parameters())
-    c = cfg.model
-    return Consumer(step, f"trainer GPT step ({c.n_layer} layers, d_model {c.d_model}, {params / 1e6:.1f} M "
-                          f"params, {cfg.train.precision}, {dev})", None)
+        raise ConfigError(f"--config: the registered training program {found[0].value} does not import: {e}") from None
+    return make(config)

@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from dataflow.errors import ConfigError
 from dataflow.profiling import advice
@@ -73,24 +73,28 @@ def memory_estimate_mb(s: RunSettings, manifest_tokens: int, shards: int, shuffl
     return (ring + pinned + readers * shard_bytes) / 1e6
 
 
-def run_config(s: RunSettings, consumer: Consumer, capacity: bool = True, keep_timeline: bool = True
-               ) -> dict[str, Any]:
-    """Measure one configuration: startup, capacity (optional), then the run against `consumer`."""
+def make_loader(s: RunSettings, **options: Any) -> Any:
+    """The profiler's own loader for `s` (a training program's `ProfileTarget` may build its own)."""
     from dataflow.loading.dataset import StreamingDataset
     from dataflow.loading.loader import StreamingDataLoader
+
+    ds = StreamingDataset(s.data, seq_len=s.seq_len, seed=s.seed)
+    return StreamingDataLoader(ds, batch_size=s.batch_size, num_workers=s.num_workers, **options)
+
+
+def run_config(s: RunSettings, consumer: Consumer, capacity: bool = True, keep_timeline: bool = True,
+               loader_factory: Callable[..., Any] = make_loader) -> dict[str, Any]:
+    """Measure one configuration: startup, capacity (optional), then the run against `consumer`."""
     from dataflow.loading.prefetch import DevicePrefetcher
 
     s.check()
     device = resolve_device(s.device)
+    s = replace(s, device=device)
     with tempfile.TemporaryDirectory(prefix="dataflow-profile-") as folder:
-        ds = StreamingDataset(s.data, seq_len=s.seq_len, seed=s.seed)
-        if ds.num_samples < s.batch_size:
-            raise ConfigError(f"{s.data} has {ds.num_samples} samples of {s.seq_len + 1} tokens: fewer than one "
-                              f"batch of {s.batch_size}")
-        loader = StreamingDataLoader(ds, batch_size=s.batch_size, num_workers=s.num_workers, persistent_workers=True,
-                                     prefetch_factor=s.prefetch_factor, held_batches=max(4, s.depth + 2),
-                                     pin_memory=device.startswith("cuda"), cycle=True,
-                                     stage_hook=StageRecorder(folder))
+        loader = loader_factory(s, persistent_workers=True, prefetch_factor=s.prefetch_factor,
+                                held_batches=max(4, s.depth + 2), pin_memory=device.startswith("cuda"), cycle=True,
+                                stage_hook=StageRecorder(folder))
+        ds = loader.dataset
         upstream = TimedUpstream(loader)  # small datasets wrap around: the loader cycles through epochs
         prefetcher = DevicePrefetcher(upstream, device=device, depth=s.depth, pinned=loader.pinned)
         try:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from dataflow.errors import ConfigError
 from dataflow.profiling.consumers import Consumer
-from dataflow.profiling.profile import RunSettings, run_config, with_settings
+from dataflow.profiling.profile import RunSettings, make_loader, run_config, with_settings
 
 TARGET_PCT = 1.0
 KEYS = {"num_workers": 0, "workers": 0, "depth": 1, "prefetch_factor": 1}  # sweepable setting -> minimum
@@ -63,7 +63,8 @@ def recommend(results: list[dict[str, Any]], target_pct: float = TARGET_PCT) -> 
 
 
 def sweep(base: RunSettings, grid: dict[str, list[int]], consumer: Consumer,
-          progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+          progress: Callable[[str], None] | None = None, loader_factory: Callable[..., Any] = make_loader
+          ) -> dict[str, Any]:
     """Run every combination of `grid` over `base` against `consumer`; rows and the recommendation."""
     keys = list(grid)
     results = []
@@ -72,7 +73,7 @@ def sweep(base: RunSettings, grid: dict[str, list[int]], consumer: Consumer,
         s = with_settings(base, **dict(zip(keys, values)))
         if progress is not None:
             progress(f"sweep {i + 1}/{len(combos)}: " + " ".join(f"{k}={v}" for k, v in zip(keys, values)))
-        results.append(run_config(s, consumer, capacity=False, keep_timeline=False))
+        results.append(run_config(s, consumer, capacity=False, keep_timeline=False, loader_factory=loader_factory))
     rows = [{**{k: r["settings"][k] for k in ("num_workers", "depth", "prefetch_factor")},
              "data_wait_pct": r["run"]["data_wait_pct"], "wait_p99_ms": r["run"]["wait_p99_ms"],
              "batches_per_s": r["run"]["batches_per_s"], "memory_estimate_mb": r["memory_estimate_mb"],
