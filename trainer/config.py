@@ -8,6 +8,7 @@ to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -114,6 +115,7 @@ CHOICES = {
 }
 POSITIVE = {("data", "seq_len"), ("data", "batch_size"), ("data", "prefetch_depth"), ("data", "shuffle_window"),
             ("model", "n_layer"), ("model", "n_head"), ("model", "d_model"), ("model", "vocab_multiple"),
+            ("model", "mlp_ratio"), ("model", "rope_theta"), ("model", "norm_eps"), ("model", "init_std"),
             ("train", "steps"), ("train", "grad_accum"), ("train", "max_bad_steps"), ("train", "eval_batches"),
             ("checkpoint", "every"), ("checkpoint", "keep"), ("log", "every")}
 NON_NEGATIVE = {("data", "num_workers"), ("train", "warmup_steps"), ("train", "lr"), ("train", "min_lr"),
@@ -129,6 +131,8 @@ def _section_types(section: Any) -> dict[str, type]:
 def _coerce(where: str, value: Any, kind: type, origin: str) -> Any:
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value!r}{origin}")
     if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # `--set data.path=123` names a folder called 123
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -165,6 +169,8 @@ def validate(cfg: Config) -> None:
     if cfg.model.d_model % cfg.model.n_head or (cfg.model.d_model // cfg.model.n_head) % 2:
         raise ConfigError(f"model.d_model ({cfg.model.d_model}) must split into model.n_head ({cfg.model.n_head}) "
                           f"heads of even size (RoPE rotates pairs)")
+    if not 0 <= cfg.model.dropout < 1:
+        raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
     if cfg.train.min_lr > cfg.train.lr:
         raise ConfigError(f"train.min_lr ({cfg.train.min_lr}) is above train.lr ({cfg.train.lr})")
     if not cfg.data.path:

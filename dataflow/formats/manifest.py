@@ -21,6 +21,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
 FORMATS = ("arrow", "tar")
 COMPRESSIONS = ("zstd", "none")
+TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
 
 
 @dataclass
@@ -91,11 +92,11 @@ class Manifest:
                 raise FormatError(f"{where}: format version {version} is newer than this dataflow "
                                   f"understands ({FORMAT_VERSION}); upgrade dataflow")
             m = cls(
-                tokenizer=TokenizerMeta(**d["tokenizer"]),
+                tokenizer=TokenizerMeta(**{**d["tokenizer"], "sha256": _lower(d["tokenizer"].get("sha256"))}),
                 format=d["format"],
                 compression=d["compression"],
                 dtype=d["dtype"],
-                shards=[ShardInfo(**s) for s in d["shards"]],
+                shards=[ShardInfo(**{**s, "sha256": _lower(s.get("sha256"))}) for s in d["shards"]],
                 provenance=d.get("provenance", {}),
                 version=version,
             )
@@ -107,23 +108,57 @@ class Manifest:
         return m
 
     def validate(self, where: str = "manifest") -> None:
-        """Reject what a reader must never trust: unknown formats, escaping or absolute paths."""
+        """Reject what a reader must never trust: unknown formats, escaping or absolute paths, counts or
+        ids out of range, hashes that are not hashes (they name files in the cache)."""
         if self.format not in FORMATS:
             raise FormatError(f"{where}: unknown shard format {self.format!r} (expected one of {FORMATS})")
         if self.compression not in COMPRESSIONS:
             raise FormatError(f"{where}: unknown compression {self.compression!r}")
         if self.dtype not in ("uint16", "uint32"):
             raise FormatError(f"{where}: unknown token dtype {self.dtype!r}")
+        t = self.tokenizer
+        if t.kind not in TOKENIZER_KINDS:
+            raise FormatError(f"{where}: unknown tokenizer kind {t.kind!r} (expected one of {TOKENIZER_KINDS})")
+        if not _count(t.vocab_size) or not 0 < t.vocab_size <= 2**32:
+            raise FormatError(f"{where}: tokenizer vocab_size {t.vocab_size!r} must be an integer in [1, 2^32]")
+        if not _count(t.eos_id) or t.eos_id >= t.vocab_size:
+            raise FormatError(f"{where}: tokenizer eos_id {t.eos_id!r} must be an id below vocab_size {t.vocab_size}")
+        if self.dtype != t.dtype:
+            raise FormatError(f"{where}: token dtype {self.dtype} cannot hold a vocabulary of {t.vocab_size} "
+                              f"(expected {t.dtype})")
+        if t.sha256 is not None and not _is_sha256(t.sha256):
+            raise FormatError(f"{where}: tokenizer sha256 {t.sha256!r} is not a sha256 hex digest")
+        if t.file is not None:
+            check_relative_path(t.file, where, "tokenizer file")
+        seen = set()
         for s in self.shards:
             check_relative_path(s.path, where)
-            if s.tokens < 0 or s.documents < 0:
-                raise FormatError(f"{where}: shard {s.path} has negative counts")
+            if s.path in seen:
+                raise FormatError(f"{where}: shard {s.path} is listed twice")
+            seen.add(s.path)
+            if not (_count(s.tokens) and _count(s.documents) and _count(s.bytes)):
+                raise FormatError(f"{where}: shard {s.path} has counts that are not integers >= 0")
+            if not _is_sha256(s.sha256):
+                raise FormatError(f"{where}: shard {s.path} has sha256 {s.sha256!r}, not a sha256 hex digest")
 
 
-def check_relative_path(path: str, where: str) -> None:
-    parts = path.replace("\\", "/").split("/")
+def check_relative_path(path: str, where: str, what: str = "shard path") -> None:
+    parts = path.replace("\\", "/").split("/") if isinstance(path, str) else [".."]
     if not path or path.startswith("/") or ".." in parts or ":" in parts[0]:
-        raise FormatError(f"{where}: shard path {path!r} must be relative and stay inside the dataset")
+        raise FormatError(f"{where}: {what} {path!r} must be relative and stay inside the dataset")
+
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _is_sha256(x: Any) -> bool:
+    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
+
+
+def _lower(x: Any) -> Any:
+    """Hex digests compare case-insensitively: keep them lowercase (they also name cache files)."""
+    return x.lower() if isinstance(x, str) else x
 
 
 def manifest_url(dataset: str) -> str:

@@ -237,7 +237,9 @@ class StreamingDataset(IterableDataset):
         if shard is None:
             t0 = time.perf_counter()
             src, info = self.shards[k]
-            shard = self._open[k] = OpenShard(self.storages[src].local_path(info), self.manifests[src].format)
+            m = self.manifests[src]
+            shard = self._open[k] = OpenShard(self.storages[src].local_path(info), m.format, info,
+                                              m.tokenizer.vocab_size, m.dtype)
             if shard.token_starts[-1] != info.tokens:
                 raise FormatError(f"{shard.path}: holds {shard.token_starts[-1]} tokens, the manifest says "
                                   f"{info.tokens}; run `dataflow verify`")

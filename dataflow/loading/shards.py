@@ -12,8 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
+from dataflow.errors import FormatError
 from dataflow.formats.arrow import ArrowShard
+from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.tar import parse_tar_documents
+
+TAR_BYTES_PER_DOCUMENT = 8192  # headers, .npy header, padding and a generous .json, per document
 
 
 @dataclass
@@ -24,10 +28,17 @@ class Batch:
 
 
 class OpenShard:
-    """One shard's layout (from its footer) and the record batches loaded so far."""
+    """One shard's layout (from its footer) and the record batches loaded so far.
 
-    def __init__(self, path: str, fmt: str):
+    Every record batch is checked as it is loaded: its token type must be the manifest's, and every id
+    below the vocabulary, so a damaged shard stops the loader with the file's name instead of feeding
+    the model ids it cannot embed. A compressed tar shard is decompressed no further than its
+    manifest entry allows.
+    """
+
+    def __init__(self, path: str, fmt: str, info: ShardInfo, vocab_size: int, dtype: str):
         self.path = path
+        self.vocab_size, self.dtype = vocab_size, np.dtype(dtype)
         self.batches: dict[int, Batch] = {}
         if fmt == "arrow":
             self._arrow: ArrowShard | None = ArrowShard(path)
@@ -35,22 +46,28 @@ class OpenShard:
             self.doc_starts = self._arrow.doc_starts
         else:
             self._arrow = None
-            with open(path, "rb") as f:
-                raw = f.read()
-            if path.endswith(".zst"):
-                raw = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
-            ids, docs = parse_tar_documents(raw, path)
+            ids, docs = parse_tar_documents(_read_tar(path, info, self.dtype.itemsize), path)
             lengths = [len(d) for d in docs]
             offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-            flat = np.concatenate(docs) if docs else np.zeros(0, np.uint16)
-            self.batches[0] = Batch(flat, offsets, ids)
+            flat = np.concatenate(docs) if docs else np.zeros(0, self.dtype)
+            self.batches[0] = self._checked(Batch(flat, offsets, ids), "the tar stream")
             self.token_starts = np.array([0, len(flat)], dtype=np.int64)
             self.doc_starts = np.array([0, len(docs)], dtype=np.int64)
 
     def batch(self, i: int) -> Batch:
         b = self.batches.get(i)
         if b is None:
-            b = self.batches[i] = Batch(*self._arrow.batch(i))
+            b = self.batches[i] = self._checked(Batch(*self._arrow.batch(i)), f"record batch {i}")
+        return b
+
+    def _checked(self, b: Batch, where: str) -> Batch:
+        if b.tokens.dtype != self.dtype:
+            raise FormatError(f"{self.path}: {where} holds {b.tokens.dtype} tokens, the manifest says {self.dtype}; "
+                              f"the shard is not what its manifest describes (run `dataflow verify`)")
+        if len(b.tokens) and int(b.tokens.max()) >= self.vocab_size:
+            raise FormatError(f"{self.path}: {where} holds token id {int(b.tokens.max())}, outside the vocabulary "
+                              f"of {self.vocab_size}; the shard is damaged (run `dataflow verify`, then re-create "
+                              f"or re-download it)")
         return b
 
     def window(self, start: int, length: int) -> np.ndarray:
@@ -85,3 +102,27 @@ class OpenShard:
         doc_id = b.ids[j]
         return str(doc_id.as_py() if hasattr(doc_id, "as_py") else doc_id), \
             b.tokens[b.doc_offsets[j]:b.doc_offsets[j + 1]]
+
+
+def _read_tar(path: str, info: ShardInfo, itemsize: int) -> bytes:
+    """The whole tar stream, decompressed (`.tar.zst`) no further than the manifest's counts allow."""
+    with open(path, "rb") as f:
+        if not path.endswith(".zst"):
+            return f.read()
+        limit = info.tokens * itemsize + info.documents * TAR_BYTES_PER_DOCUMENT + (1 << 20)
+        try:
+            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+            chunks, size = [], 0
+            while size <= limit:
+                chunk = reader.read(min(limit + 1 - size, 1 << 24))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            raw = b"".join(chunks)
+        except zstandard.ZstdError as e:
+            raise FormatError(f"{path}: not a readable zstd stream ({e}); run `dataflow verify`") from None
+    if len(raw) > limit:
+        raise FormatError(f"{path}: decompresses beyond the {limit:,} bytes its manifest entry allows "
+                          f"({info.documents} documents, {info.tokens} tokens); the shard is damaged or hostile")
+    return raw
