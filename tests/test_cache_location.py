@@ -58,7 +58,7 @@ def test_default_limit_is_a_share_of_free_space_plus_what_the_cache_holds(monkey
     assert fresh.cache_limit == int(DEFAULT_SHARE * 10_000)
     assert Storage("memory://x/ds", str(tmp_path / "c"), cache_limit="none").cache_limit is None
     monkeypatch.setenv("DATAFLOW_CACHE_LIMIT", "2GB")
-    assert Storage("memory://x/ds", str(tmp_path / "c")).cache_limit == 2 << 30  # binary units, as parse_size reads them
+    assert Storage("memory://x/ds", str(tmp_path / "c")).cache_limit == 2 << 30  # binary units (parse_size)
     assert Storage(str(tmp_path), str(tmp_path / "c"), cache_limit=None).cache_limit is not None  # env applies
     monkeypatch.delenv("DATAFLOW_CACHE_LIMIT")
     assert Storage(str(tmp_path), str(tmp_path / "c")).cache_limit is None  # local data is never cached

@@ -151,3 +151,27 @@ def test_every_user_error_is_a_dataflow_error():
     for cls in (NotADatasetError, MissingDependencyError, CredentialsError, UnreachableError):
         assert issubclass(cls, ConfigError) and issubclass(cls, DataflowError)
 
+
+
+def test_server_error_on_the_manifest_is_one_line_exit_1(capsys):
+    import http.server
+    import threading
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(500)
+            self.end_headers()
+
+        do_HEAD = do_GET  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/data/train"
+        code, err = cli(capsys, "inspect", url)
+        assert code == 1 and f"{url}/index.json: cannot read it" in err and "500" in err
+    finally:
+        server.shutdown()

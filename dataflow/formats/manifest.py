@@ -16,7 +16,7 @@ import fsspec
 
 from dataflow.errors import DataflowError, FormatError, NotADatasetError, cause
 from dataflow.formats.atomic import write_json_atomic
-from dataflow.formats.remote_errors import explain
+from dataflow.formats.remote_errors import explain, read_failed, server_error
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
@@ -158,6 +158,8 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
         raise _not_found(str(dataset), url, e) from cause(e)
     except Exception as e:
         err = explain(url, e)
+        if err is None and "://" in url and not url.startswith("file://"):
+            err = read_failed(url, e)  # a server's error on the manifest: one line, exit 1
         if err is None:
             raise
         raise err from cause(e)
@@ -182,6 +184,9 @@ def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
         err = explain(url, e)
         if err is not None and not isinstance(err, FormatError):
             return err
+        answer = server_error(e)
+        if answer is not None:
+            return read_failed(url, answer)
         return NotADatasetError(f"{url}: no manifest here; pass the URL of a folder made by `dataflow tokenize` "
                                 "(it holds index.json)")
     path = dataset[len("file://"):] if dataset.startswith("file://") else dataset

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from dataflow.errors import (ConfigError, CredentialsError, DataflowError, MissingDependencyError,
+from dataflow.errors import (ConfigError, CredentialsError, DataflowError, MissingDependencyError, StorageError,
                              UnreachableError)
 
 # scheme -> (package, the extra that provides it)
@@ -84,7 +84,9 @@ def no_credentials(url: str, e: BaseException) -> CredentialsError:
     return CredentialsError(f"{url}: no credentials found ({_first_line(e)}); {hint}; {DOCS}")
 
 
-def denied(url: str, e: BaseException) -> CredentialsError:
+def denied(url: str, e: BaseException) -> DataflowError:
+    if scheme(url) == "file":
+        return ConfigError(f"{url}: permission denied ({_first_line(e)}); check the file's and folders' permissions")
     hint = CREDENTIALS_HINT.get(scheme(url), "check the credentials in storage_options")
     return CredentialsError(f"{url}: access denied ({_first_line(e)}); the credentials in use cannot read it: "
                             f"check them and the bucket's permissions ({hint})")
@@ -94,6 +96,18 @@ def unreachable(url: str, e: BaseException) -> UnreachableError:
     host = urlsplit(url).netloc if scheme(url) in ("http", "https") else f"the {scheme(url)}:// endpoint"
     return UnreachableError(f"{url}: cannot reach {host} ({_first_line(e)}); check the URL, the network, "
                             f"proxies and, for S3-compatible stores, the endpoint_url; {DOCS}")
+
+
+def server_error(e: BaseException) -> BaseException | None:
+    """The server's answer in `e`'s chain when it is an HTTP error other than "not found" (fsspec's http
+    filesystem reports every failed request as FileNotFoundError, with the answer as its cause)."""
+    return next((err for err in chain(e) if _status(err) not in (None, 404, 410)), None)
+
+
+def read_failed(url: str, e: BaseException) -> StorageError:
+    """Any other failure to read a remote file (a server error, a broken transfer)."""
+    return StorageError(f"{url}: cannot read it ({type(e).__name__}: {_first_line(e)}); check the URL and the "
+                        "server, then retry")
 
 
 def _status(e: BaseException) -> int | None:

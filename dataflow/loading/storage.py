@@ -31,6 +31,7 @@ from dataflow.formats.writer import parse_size
 from dataflow.loading import cache
 from dataflow.loading.cache import lock, unlock
 
+__all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "prefetch_shards"]
 log = logging.getLogger(__name__)
 
 RETRIES = 5  # attempts per download
@@ -40,8 +41,7 @@ DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
 
 
-__all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "prefetch_shards"]
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no retry: waiting frees no space
 
 
 class _Corrupt(Exception):
@@ -69,8 +69,8 @@ class Storage:
         cache_dir: the cache shared by all processes on this machine (default `default_cache_dir()`:
             `$DATAFLOW_CACHE`, else `$XDG_CACHE_HOME/dataflow`, else `~/.cache/dataflow`).
         cache_limit: bytes or a size like "10GB" (default `$DATAFLOW_CACHE_LIMIT`, else half of the disk
-            space that is free or already used by the cache, measured when the first remote Storage of a
-            cache_dir is made in a process; "none" for unlimited).
+            space that is free or already used by the cache, measured when this Storage is made; copies
+            sent to loader workers keep it; "none" for unlimited).
         storage_options: passed to fsspec (e.g. `{"client_kwargs": {"endpoint_url": ...}}` for S3).
         prefetch_workers: background downloads at once for `prefetch()`.
         retries: attempts per download on transient errors (5xx, resets, timeouts, bad checksums).
@@ -84,14 +84,14 @@ class Storage:
         if self.root.endswith(".json"):  # the manifest itself was named: shards are beside it
             self.root = posixpath.dirname(self.root) if self.remote else os.path.dirname(self.root)
         self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
-        self.remote_limit = cache_limit if cache_limit is not None else os.environ.get("DATAFLOW_CACHE_LIMIT")
+        limit = cache_limit if cache_limit is not None else os.environ.get("DATAFLOW_CACHE_LIMIT")
         self.storage_options = dict(storage_options or {})
         self.prefetch_workers, self.retries = max(1, prefetch_workers), max(1, retries)
         self.cache_root = None
         if self.remote:
             tag = hashlib.sha256(self.root.rstrip("/").encode()).hexdigest()[:16]
             self.cache_root = os.path.join(self.cache_dir, tag)
-        self.cache_limit = _resolve_limit(self.remote_limit, self.cache_dir if self.remote else None)
+        self.cache_limit = _resolve_limit(limit, self.cache_dir if self.remote else None)
         self._reset()
 
     def _reset(self) -> None:
@@ -106,7 +106,7 @@ class Storage:
         _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("root", "remote", "cache_dir", "cache_limit", "remote_limit", "storage_options", "prefetch_workers",
+        keep = ("root", "remote", "cache_dir", "cache_limit", "storage_options", "prefetch_workers",
                 "retries", "cache_root")
         return {k: self.__dict__[k] for k in keep}
 
