@@ -55,6 +55,8 @@ def test_missing_path_empty_folder_and_jsonl_named_json(capsys, tmp_path):
     assert code == 2 and "no such file or folder" in err and "nope" in err
     code, err = cli(capsys, "verify", str(tmp_path))
     assert code == 2 and "no manifest here" in err and "dataflow tokenize" in err
+    code, err = cli(capsys, "inspect", f"file://{tmp_path}")
+    assert code == 2 and f"{tmp_path}/index.json: no manifest here" in err
     lines = tmp_path / "corpus.json"
     lines.write_text('{"text": "a"}\n{"text": "b"}\n')
     code, err = cli(capsys, "decode", str(lines))

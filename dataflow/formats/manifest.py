@@ -158,7 +158,7 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
         raise _not_found(str(dataset), url, e) from cause(e)
     except Exception as e:
         err = explain(url, e)
-        if err is None and "://" in url and not url.startswith("file://"):
+        if err is None and _remote(url):
             err = read_failed(url, e)  # a server's error on the manifest: one line, exit 1
         if err is None:
             raise
@@ -176,11 +176,14 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
     return Manifest.from_dict(d, where=url)
 
 
+def _remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
 def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
     """Why `url` is not there: an unreachable host (fsspec's http reports it as not found), a raw file or a
     missing path given where a dataset is expected, a folder of splits, or a folder without a manifest."""
-    remote = "://" in url and not url.startswith("file://")
-    if remote:
+    if _remote(url):
         err = explain(url, e)
         if err is not None and not isinstance(err, FormatError):
             return err
@@ -190,7 +193,7 @@ def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
         return NotADatasetError(f"{url}: no manifest here; pass the URL of a folder made by `dataflow tokenize` "
                                 "(it holds index.json)")
     path = dataset[len("file://"):] if dataset.startswith("file://") else dataset
-    folder = os.path.dirname(url)
+    folder = os.path.dirname(manifest_url(path))
     make = "pass a folder made by `dataflow tokenize`"
     if os.path.isfile(path) and not path.endswith(".json"):
         return NotADatasetError(f"{path} is a file, not a dataset; {make} "
@@ -201,7 +204,7 @@ def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
     if splits:
         return FormatError(f"{folder} holds the splits {', '.join(splits)}; pass one of them, "
                            f"e.g. {os.path.join(folder, splits[0])}")
-    return NotADatasetError(f"{url}: no manifest here; {make} (it holds {MANIFEST_NAME})")
+    return NotADatasetError(f"{manifest_url(path)}: no manifest here; {make} (it holds {MANIFEST_NAME})")
 
 
 def write_manifest(out_dir: str, manifest: Manifest) -> str:
