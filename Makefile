@@ -13,14 +13,23 @@ $(PY):
 	$(PIP) install --upgrade --quiet pip
 
 # Torch first, and only if missing: users bring their own CUDA build; pip must not pick one for us.
-$(VENV)/.installed: $(PY) pyproject.toml
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "torch==$(TORCH_VERSION)"
-	$(PIP) install --quiet -e ".[dev]"
+# pip is not silenced: its download bars show progress. `make demo` needs only the project itself;
+# `make test` adds the dev extras (pytest, a local S3 server, Ray, matplotlib).
+$(VENV)/.installed-base: $(PY) pyproject.toml
+	@$(PY) -c "import torch" 2>/dev/null || echo "== installing torch $(TORCH_VERSION) into $(VENV) (set TORCH_VERSION=... or install your own build first)"
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --progress-bar on "torch==$(TORCH_VERSION)"
+	@echo "== installing dataflow-lm (editable) and its dependencies into $(VENV)"
+	$(PIP) install --progress-bar on -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-base
+	@echo "== installing the dev extras (pytest, moto, boto3, s3fs, ray, matplotlib) into $(VENV)"
+	$(PIP) install --progress-bar on -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed
 
-demo: setup
+demo: $(VENV)/.installed-base
 	$(PY) tools/demo.py --out $(DEMO_OUT)
 
 test: setup

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataflow.errors import (ConfigError, DataflowError, FormatError, InputError, StorageError, TrainingAborted,
-                             WorkerDied)
+from dataflow.errors import (CacheFullError, ConfigError, CredentialsError, DataflowError, FormatError, InputError,
+                             MissingDependencyError, NotADatasetError, StorageError, TrainingAborted,
+                             UnreachableError, WorkerDied)
 from dataflow.formats.manifest import TokenizerMeta
 from dataflow.formats.writer import ShardWriter
 
@@ -24,7 +25,8 @@ _LAZY = {
 }
 
 __all__ = ["ShardWriter", "TokenizerMeta", "DataflowError", "InputError", "FormatError", "ConfigError",
-           "StorageError", "WorkerDied", "TrainingAborted", *_LAZY]
+           "StorageError", "WorkerDied", "TrainingAborted", "NotADatasetError", "MissingDependencyError",
+           "CredentialsError", "UnreachableError", "CacheFullError", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,18 +1,65 @@
 """The `dataflow` command: argument parsing and dispatch only; each command calls one library function.
 
-Exit codes: 0 done, 1 failed (the message says why), 2 usage error.
+Exit codes: 0 done, 1 failed (the message says why), 2 usage error (a bad flag, a path that is not a
+dataset, missing credentials or an optional package). Errors are one line on stderr; `--debug` or
+`DATAFLOW_DEBUG=1` shows the full traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from typing import Sequence
 
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError, DataflowError, debug_enabled
 from dataflow.profiling.cli import add_profile_parser
+
+DISTRIBUTION = "dataflow-lm"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends each flag's default to its help, unless the help already says it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)) \
+                or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Version(argparse.Action):
+    """Prints `version_line()` as it is (argparse's own action rewraps it) and exits 0."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """`dataflow --version`: this package, the on-disk format it writes, Python and torch."""
+    import platform
+    from importlib import metadata
+
+    from dataflow import __version__
+    from dataflow.formats.manifest import FORMAT_VERSION
+
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    return (f"dataflow {__version__} ({DISTRIBUTION}; on-disk format version {FORMAT_VERSION}; "
+            f"Python {platform.python_version()}; torch {torch})")
+
+
+def _progress(args: argparse.Namespace, total: int, unit: str, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, unit_scale=unit == "B", desc=desc, disable=args.no_progress,
+                dynamic_ncols=True, file=sys.stderr)
 
 
 def _dataset(path: str):
@@ -69,7 +116,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from dataflow.formats.verify import verify_dataset
 
     root, manifest = _dataset(args.path)
-    problems = verify_dataset(root, manifest)
+    with _progress(args, manifest.bytes, "B", "verify") as bar:
+        problems = verify_dataset(root, manifest, on_shard=lambda s: bar.update(s.bytes))
     for p in problems:
         print(f"BAD {p.path}: {p.problem}", file=sys.stderr)
     if problems:
@@ -80,16 +128,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
+    from dataflow.formats.atomic import atomic_open
     from dataflow.formats.inspect import decode_documents
 
     root, manifest = _dataset(args.path)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    try:
+    with contextlib.ExitStack() as stack:  # -o FILE appears whole, or not at all
+        out = stack.enter_context(atomic_open(args.output, "w")) if args.output else sys.stdout
+        bar = stack.enter_context(_progress(args, manifest.documents, "doc", "decode"))
         for record in decode_documents(root, manifest):
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
-    finally:
-        if args.output:
-            out.close()
+            bar.update(1)
+    if args.output:
+        print(f"decoded {manifest.documents:,} documents into {args.output}", file=sys.stderr)
     return 0
 
 
@@ -104,68 +154,86 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dataflow", description="Keep GPUs fed: tokenize, inspect, verify, "
-                                "decode and profile token datasets.")
+                                "decode and profile token datasets.", formatter_class=_HelpFormatter)
+    p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks (also DATAFLOW_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("tokenize", help="tokenize raw text into compressed shards")
+    def add(name: str, helptext: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=helptext, description=helptext, formatter_class=_HelpFormatter)
+        c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show full tracebacks (also DATAFLOW_DEBUG=1)")
+        return c
+
+    t = add("tokenize", "tokenize raw text into compressed shards")
     t.add_argument("inputs", nargs="+", help="files, globs, folders or fsspec URLs (.jsonl[.gz|.zst], .parquet, .txt)")
     t.add_argument("-o", "--out", required=True, help="output dataset folder")
     t.add_argument("--tokenizer", default="bytes", help="bytes | PATH/URL to tokenizer.json | tiktoken:PATH")
     t.add_argument("--engine", default="auto", choices=["auto", "hf", "tiktoken"])
-    t.add_argument("--text-field", default="text")
-    t.add_argument("--id-field", default="id")
-    t.add_argument("--format", default="arrow", choices=["arrow", "tar"])
-    t.add_argument("--compression", default="zstd", choices=["zstd", "none"])
-    t.add_argument("--zstd-level", type=int, default=None)
+    t.add_argument("--text-field", default="text", help="JSON/Parquet field holding each document's text")
+    t.add_argument("--id-field", default="id", help="field holding each document's id (a stable id is derived "
+                   "from file and line when absent)")
+    t.add_argument("--format", default="arrow", choices=["arrow", "tar"], help="shard format: Arrow IPC files "
+                   "or WebDataset tars")
+    t.add_argument("--compression", default="zstd", choices=["zstd", "none"], help="shard compression")
+    t.add_argument("--zstd-level", type=int, default=None, help="zstd level, 1-22 (default: Arrow's own, 1, "
+                   "for arrow shards; 3 for tar)")
     t.add_argument("--shard-size", default="128MB", help="token bytes per shard before compression (e.g. 256MB)")
     t.add_argument("--workers", type=int, default=0, help="worker processes (default: CPU count)")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--val-fraction", type=float, default=0.0)
+    t.add_argument("--seed", type=int, default=0, help="seed of the per-document train/val split")
+    t.add_argument("--val-fraction", type=float, default=0.0, help="share of documents put in OUT/val "
+                   "(0: one dataset in OUT, no split)")
     t.add_argument("--no-eos", action="store_true", help="do not append EOS after each document")
     t.add_argument("--max-errors", type=int, default=100, help="bad records tolerated before failing")
     t.add_argument("--unit-size", default=None, help="input bytes per work unit (uncompressed JSONL is cut into "
                    "line-aligned ranges of this size); default: about 4 units per worker, at most 32MB")
     t.add_argument("--num-tasks", type=int, default=1, help="split the job into K task slices (Slurm arrays, ...)")
     t.add_argument("--task-index", type=int, default=0, help="which slice this run does (0-based)")
-    t.add_argument("--executor", default="local", choices=["local", "ray"])
+    t.add_argument("--executor", default="local", choices=["local", "ray"], help="local: a process pool; ray: "
+                   "tasks on the Ray cluster at RAY_ADDRESS (extra `ray`)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing dataset made with other settings")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     t.add_argument("--json", action="store_true", help="print the summary as JSON")
     t.set_defaults(func=cmd_tokenize)
 
-    g = sub.add_parser("merge", help="one manifest over the parts of a --num-tasks run")
-    g.add_argument("out")
+    g = add("merge", "one manifest over the parts of a --num-tasks run")
+    g.add_argument("out", help="the OUT folder the task slices wrote into")
     g.set_defaults(func=cmd_merge)
 
-    i = sub.add_parser("inspect", help="manifest summary, shard table, first documents")
-    i.add_argument("path")
-    i.add_argument("--json", action="store_true")
+    i = add("inspect", "manifest summary, shard table, first documents")
+    i.add_argument("path", help="a dataset folder or URL made by `dataflow tokenize` (it holds index.json)")
+    i.add_argument("--json", action="store_true", help="print the manifest (and documents) as JSON")
     i.add_argument("--decode", type=int, default=0, metavar="N", help="show the first N documents as text")
     i.set_defaults(func=cmd_inspect)
 
-    v = sub.add_parser("verify", help="check every shard against the manifest")
-    v.add_argument("path")
+    v = add("verify", "check every shard against the manifest (exit 1 naming each bad shard)")
+    v.add_argument("path", help="a local dataset folder made by `dataflow tokenize`")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.set_defaults(func=cmd_verify)
 
-    d = sub.add_parser("decode", help="every document back as JSONL {id, text}")
-    d.add_argument("path")
-    d.add_argument("-o", "--output", default=None)
+    d = add("decode", "every document back as JSONL {id, text}, in stored order")
+    d.add_argument("path", help="a local dataset folder made by `dataflow tokenize`")
+    d.add_argument("-o", "--output", default=None, help="write to this file, atomically (default: stdout)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(func=cmd_decode)
 
     add_profile_parser(sub)
+    sub.choices["profile"].add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                        help="show full tracebacks (also DATAFLOW_DEBUG=1)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "debug", False):
+        os.environ["DATAFLOW_DEBUG"] = "1"  # library errors then keep their causes too
     try:
         return args.func(args)
-    except ConfigError as e:
-        print(f"dataflow {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except DataflowError as e:
+        if debug_enabled():
+            raise
         print(f"dataflow {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, ConfigError) else 1
     except KeyboardInterrupt:
         print(f"dataflow {args.command}: interrupted", file=sys.stderr)
         return 130

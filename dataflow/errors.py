@@ -1,8 +1,15 @@
 """One error type per class of user-facing failure.
 
-The CLI turns any `DataflowError` into one line on stderr and exit code 1; everything else is a bug
-and keeps its traceback.
+The CLI turns any `DataflowError` into one line on stderr: exit code 2 for a `ConfigError` (a mistake
+the user fixes by changing what they pass or set up: a setting, a path that is not a dataset, missing
+credentials, a missing optional package, an unreachable host), 1 for the others. Everything else is a
+bug and keeps its traceback. With `--debug` or `DATAFLOW_DEBUG=1` the CLI shows the full traceback,
+and the errors raised here keep the exception that caused them.
 """
+
+from __future__ import annotations
+
+import os
 
 
 class DataflowError(Exception):
@@ -21,8 +28,24 @@ class ConfigError(DataflowError):
     """A setting that cannot work: an unknown key, a value out of range, a refused rerun."""
 
 
+class NotADatasetError(ConfigError, FormatError):
+    """A path given where a dataset is expected is not one: a raw file, a folder without `index.json`."""
+
+
 class StorageError(DataflowError):
-    """A remote shard or manifest could not be fetched: the server refused or kept failing."""
+    """Remote storage failed: a shard could not be fetched, the server refused or kept failing."""
+
+
+class MissingDependencyError(ConfigError):
+    """An optional package is needed for this (gcsfs for gs://, s3fs for s3://, ...): install it."""
+
+
+class CredentialsError(ConfigError, StorageError):
+    """Object storage refused for lack of (valid) credentials, or they do not grant access."""
+
+
+class UnreachableError(ConfigError, StorageError):
+    """The host or endpoint of a URL cannot be reached (no such host, connection refused, timeout)."""
 
 
 class WorkerDied(DataflowError):
@@ -31,3 +54,17 @@ class WorkerDied(DataflowError):
 
 class TrainingAborted(DataflowError):
     """Training cannot go on (e.g. too many non-finite steps in a row)."""
+
+
+class CacheFullError(StorageError):
+    """The local cache's disk is full: free space, lower `cache_limit`, or move `DATAFLOW_CACHE`."""
+
+
+def debug_enabled() -> bool:
+    """True when the user asked for full tracebacks (`--debug` sets `DATAFLOW_DEBUG=1`)."""
+    return os.environ.get("DATAFLOW_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def cause(e: BaseException) -> BaseException | None:
+    """What to chain a user-facing error to: the original exception in debug mode, else nothing."""
+    return e if debug_enabled() else None

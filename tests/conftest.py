@@ -1,19 +1,20 @@
 import os
 import pathlib
+import sys
 import tempfile
 
 import pytest
 
-SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-if not SHARED.exists():  # CI checkouts may sit elsewhere; DATAFLOW_SHARED_DATA points at ../shared/data
-    SHARED = pathlib.Path(os.environ.get("DATAFLOW_SHARED_DATA", SHARED))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from tools import repo_data  # noqa: E402
 
 # Tests prove tokenizer equivalence themselves: never reuse a proof remembered by an earlier run.
 os.environ["DATAFLOW_PROOF_CACHE"] = tempfile.mkdtemp(prefix="dataflow-proofs-")
 
-KJV = SHARED / "corpus" / "kjv.jsonl.zst"
-GPT2_JSON = SHARED / "tokenizers" / "gpt2" / "tokenizer.json"
-GPT2_TIKTOKEN = SHARED / "tokenizers" / "gpt2" / "gpt2.tiktoken"
+# The real test data ships in tests/data/ (licenses in tests/data/LICENSES.md); nothing outside the repository.
+KJV = repo_data.KJV
+GPT2_JSON = repo_data.gpt2_json()
+GPT2_TIKTOKEN = repo_data.gpt2_tiktoken()
 
 
 @pytest.fixture(scope="session")

@@ -69,7 +69,7 @@ def test_main_reports_user_mistakes_in_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "train.warmup" in err and "Traceback" not in err
     missing = tmp_path / "no-such-dataset"
     assert main(["--config", str(CONFIGS / "demo.toml"), "--set", f"data.path={missing}",
-                 "--set", f"checkpoint.dir={tmp_path / 'ck'}", "--set", "log.jsonl="]) == 1
+                 "--set", f"checkpoint.dir={tmp_path / 'ck'}", "--set", "log.jsonl="]) == 2  # not a dataset: usage
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no-such-dataset" in err and "Traceback" not in err
     assert main(["--config", str(tmp_path / "absent.toml")]) == 2

@@ -25,10 +25,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tools import repo_data  # noqa: E402
 from tools.peers.common import Ctx  # noqa: E402
 from tools.peers.procs import last_error, machine, run_case, run_measured  # noqa: E402
 
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 HARNESS = os.path.join(ROOT, "tools", "peers", "harness.py")
 
 # (peer module, setting, label); order = table order
@@ -64,8 +64,8 @@ def prepare_ours(ctx: Ctx, tokens: float) -> None:
 
     base = ctx.path("kjv-gpt2")
     if not os.path.exists(os.path.join(base, "index.json")):
-        tokenize(TokenizeConfig(inputs=[f"{SHARED}/corpus/kjv.jsonl.zst"], out=base,
-                                tokenizer=f"{SHARED}/tokenizers/gpt2/tokenizer.json", workers=2, progress=False))
+        tokenize(TokenizeConfig(inputs=[str(repo_data.KJV)], out=base,
+                                tokenizer=str(repo_data.gpt2_json()), workers=2, progress=False))
     m = read_manifest(base)
     docs = [(i, t) for i, t in iter_documents(base, m)]
     copies = max(1, round(tokens / m.tokens))

@@ -23,9 +23,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tools import repo_data  # noqa: E402
 from tools.peers.procs import machine, run_case  # noqa: E402
 
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 HARNESS = os.path.join(ROOT, "tools", "peers", "harness.py")
 
 # (peer module, setting, label); the first row is the reference for the token-id check
@@ -46,7 +46,7 @@ def write_corpus(work: str, mb: float) -> tuple[int, int]:
     import zstandard
 
     d = os.path.join(work, "input")
-    with open(os.path.join(SHARED, "corpus", "kjv.jsonl.zst"), "rb") as f:
+    with open(repo_data.KJV, "rb") as f:
         lines = zstandard.ZstdDecompressor().stream_reader(f).read().splitlines(keepends=True)
     copies = max(1, round(mb * 1e6 / sum(len(x) for x in lines)))
     text = sum(len(json.loads(x)["text"].encode()) for x in lines) * copies
@@ -80,7 +80,7 @@ def main() -> int:
     print(f"corpus: {jsonl / 1e6:.0f} MB of JSONL ({text / 1e6:.0f} MB of text; KJV replicated), GPT-2 tokenizer.json, "
           f"{os.cpu_count()} CPUs, one engine thread per process", flush=True)
     env = dict(os.environ, RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore",
-               BENCH_GPT2_JSON=os.path.join(SHARED, "tokenizers", "gpt2", "tokenizer.json"))
+               BENCH_GPT2_JSON=str(repo_data.gpt2_json()))
     only = set(args.only.split(",")) if args.only else None
     cases = [c for c in CASES if only is None or c[0] in only]
     results = []

@@ -29,10 +29,9 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 
 import zstandard  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from dataflow.preprocess.tokenizers import load_tokenizer  # noqa: E402
-
-SHARED = pathlib.Path(os.environ.get("DATAFLOW_SHARED_DATA",
-                                     pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+from tools import repo_data  # noqa: E402
 
 
 def read_texts(path: str, field: str = "text") -> list[str]:
@@ -44,13 +43,14 @@ def read_texts(path: str, field: str = "text") -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--corpus", default=str(SHARED / "corpus" / "kjv.jsonl.zst"))
-    ap.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2" / "tokenizer.json"))
+    ap.add_argument("--corpus", default=str(repo_data.KJV))
+    ap.add_argument("--tokenizer", default=None, help="default: GPT-2's, from tests/data")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch-chars", type=int, default=1 << 20, help="text per encode_batch call, as the pipeline")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: this process's CPU time (steady on a shared machine); wall: elapsed time")
     args = ap.parse_args(argv)
+    args.tokenizer = args.tokenizer or str(repo_data.gpt2_json())
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     texts = read_texts(args.corpus)

@@ -11,12 +11,12 @@ from typing import IO, Any, Iterator
 
 @contextlib.contextmanager
 def atomic_open(path: str, mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a temp file beside `path`; on clean exit fsync it and rename it over `path`."""
+    """Open a temp file beside `path` (text modes in UTF-8); on clean exit fsync it and rename it over `path`."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import fsspec
 
-from dataflow.errors import FormatError
+from dataflow.errors import DataflowError, FormatError, NotADatasetError, cause
 from dataflow.formats.atomic import write_json_atomic
+from dataflow.formats.remote_errors import explain, read_failed, server_error
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
@@ -92,11 +93,11 @@ class Manifest:
                 raise FormatError(f"{where}: format version {version} is newer than this dataflow "
                                   f"understands ({FORMAT_VERSION}); upgrade dataflow")
             m = cls(
-                tokenizer=TokenizerMeta(**{**d["tokenizer"], "sha256": _lower(d["tokenizer"].get("sha256"))}),
+                tokenizer=TokenizerMeta(**_known(TokenizerMeta, _hex_lower(d["tokenizer"]))),
                 format=d["format"],
                 compression=d["compression"],
                 dtype=d["dtype"],
-                shards=[ShardInfo(**{**s, "sha256": _lower(s.get("sha256"))}) for s in d["shards"]],
+                shards=[ShardInfo(**_known(ShardInfo, _hex_lower(s))) for s in d["shards"]],
                 provenance=d.get("provenance", {}),
                 version=version,
             )
@@ -130,16 +131,18 @@ class Manifest:
             raise FormatError(f"{where}: tokenizer sha256 {t.sha256!r} is not a sha256 hex digest")
         if t.file is not None:
             check_relative_path(t.file, where, "tokenizer file")
-        seen = set()
         for s in self.shards:
             check_relative_path(s.path, where)
-            if s.path in seen:
-                raise FormatError(f"{where}: shard {s.path} is listed twice")
-            seen.add(s.path)
             if not (_count(s.tokens) and _count(s.documents) and _count(s.bytes)):
                 raise FormatError(f"{where}: shard {s.path} has counts that are not integers >= 0")
             if not _is_sha256(s.sha256):
                 raise FormatError(f"{where}: shard {s.path} has sha256 {s.sha256!r}, not a sha256 hex digest")
+
+
+def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `d` that `cls` has: fields added later within a format version are ignored."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
 
 
 def check_relative_path(path: str, where: str, what: str = "shard path") -> None:
@@ -156,9 +159,10 @@ def _is_sha256(x: Any) -> bool:
     return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
 
 
-def _lower(x: Any) -> Any:
+def _hex_lower(d: dict[str, Any]) -> dict[str, Any]:
     """Hex digests compare case-insensitively: keep them lowercase (they also name cache files)."""
-    return x.lower() if isinstance(x, str) else x
+    sha = d.get("sha256")
+    return {**d, "sha256": sha.lower()} if isinstance(sha, str) else d
 
 
 def manifest_url(dataset: str) -> str:
@@ -172,24 +176,67 @@ def manifest_url(dataset: str) -> str:
 
 
 def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -> Manifest:
-    """Read and validate the manifest of a dataset folder or URL."""
+    """Read and validate the manifest of a dataset folder or URL.
+
+    Raises `NotADatasetError` for a path that is not a dataset (a raw file, a folder without
+    `index.json`), and the errors of `remote_errors.explain` for a missing fsspec backend, missing
+    credentials or an unreachable host.
+    """
     url = manifest_url(dataset)
     try:
         with fsspec.open(url, "rb", **(storage_options or {})) as f:
             raw = f.read()
-    except FileNotFoundError:
-        folder = os.path.dirname(url)
-        splits = [s for s in ("train", "val") if "://" not in url and
-                  os.path.exists(os.path.join(folder, s, MANIFEST_NAME))]
-        if splits:
-            raise FormatError(f"{folder} holds the splits {', '.join(splits)}; pass one of them, "
-                              f"e.g. {os.path.join(folder, splits[0])}") from None
-        raise FormatError(f"{url}: no manifest here; is this a dataset written by `dataflow tokenize`?") from None
+    except (FileNotFoundError, NotADirectoryError) as e:
+        raise _not_found(str(dataset), url, e) from cause(e)
+    except Exception as e:
+        err = explain(url, e)
+        if err is None and _remote(url):
+            err = read_failed(url, e)  # a server's error on the manifest: one line, exit 1
+        if err is None:
+            raise
+        raise err from cause(e)
     try:
         d = json.loads(raw)
     except ValueError as e:
+        if posixpath.basename(url) != MANIFEST_NAME:  # e.g. a JSON-lines corpus named x.json
+            raise NotADatasetError(f"{url} is not a dataflow manifest (not one JSON object); pass a folder "
+                                   "made by `dataflow tokenize`") from None
         raise FormatError(f"{url}: manifest is not valid JSON ({e})") from None
+    if not isinstance(d, dict) or "version" not in d:
+        raise NotADatasetError(f"{url} is not a dataflow manifest (no format version); pass a folder made "
+                               "by `dataflow tokenize`")
     return Manifest.from_dict(d, where=url)
+
+
+def _remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
+    """Why `url` is not there: an unreachable host (fsspec's http reports it as not found), a raw file or a
+    missing path given where a dataset is expected, a folder of splits, or a folder without a manifest."""
+    if _remote(url):
+        err = explain(url, e)
+        if err is not None and not isinstance(err, FormatError):
+            return err
+        answer = server_error(e)
+        if answer is not None:
+            return read_failed(url, answer)
+        return NotADatasetError(f"{url}: no manifest here; pass the URL of a folder made by `dataflow tokenize` "
+                                "(it holds index.json)")
+    path = dataset[len("file://"):] if dataset.startswith("file://") else dataset
+    folder = os.path.dirname(manifest_url(path))
+    make = "pass a folder made by `dataflow tokenize`"
+    if os.path.isfile(path) and not path.endswith(".json"):
+        return NotADatasetError(f"{path} is a file, not a dataset; {make} "
+                                f"(e.g. `dataflow tokenize {path} -o DIR`, then pass DIR)")
+    if not os.path.exists(folder):
+        return NotADatasetError(f"{folder}: no such file or folder; {make}")
+    splits = [s for s in ("train", "val") if os.path.exists(os.path.join(folder, s, MANIFEST_NAME))]
+    if splits:
+        return FormatError(f"{folder} holds the splits {', '.join(splits)}; pass one of them, "
+                           f"e.g. {os.path.join(folder, splits[0])}")
+    return NotADatasetError(f"{manifest_url(path)}: no manifest here; {make} (it holds {MANIFEST_NAME})")
 
 
 def write_manifest(out_dir: str, manifest: Manifest) -> str:

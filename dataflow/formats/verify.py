@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from dataflow.errors import FormatError
 from dataflow.formats.hashing import sha256_file
@@ -42,11 +43,15 @@ def verify_shard(dataset: str, shard: ShardInfo, manifest: Manifest, deep: bool 
     return None
 
 
-def verify_dataset(dataset: str, manifest: Manifest) -> list[ShardProblem]:
-    """All problems found, one per bad shard; empty when the dataset is sound."""
+def verify_dataset(dataset: str, manifest: Manifest,
+                   on_shard: Callable[[ShardInfo], None] | None = None) -> list[ShardProblem]:
+    """All problems found, one per bad shard; empty when the dataset is sound. `on_shard` is called
+    after each shard is checked (for a progress bar)."""
     problems = []
     for shard in manifest.shards:
         problem = verify_shard(dataset, shard, manifest)
         if problem:
             problems.append(ShardProblem(shard.path, problem))
+        if on_shard is not None:
+            on_shard(shard)
     return problems

@@ -22,6 +22,7 @@ import fcntl
 import glob
 import os
 import re
+import shutil
 import threading
 import time
 
@@ -125,6 +126,20 @@ def evict(cache_dir: str, limit: int, incoming: int) -> None:
                 total -= size
     finally:
         unlock(guard)
+
+
+def usage(cache_dir: str) -> int:
+    """Bytes the cache holds: complete entries and downloads in flight (at their full size)."""
+    return _scan(cache_dir)[2]
+
+
+def default_limit(cache_dir: str, share: float) -> int:
+    """`share` of the disk space that is free or already used by the cache: the cache can grow to it
+    whatever it holds now, and leaves the rest of the free space to everything else."""
+    folder = cache_dir
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:  # not made yet: its disk
+        folder = os.path.dirname(folder)
+    return int(share * (shutil.disk_usage(folder).free + usage(cache_dir)))
 
 
 def _delete_if_free(lock_path: str, path: str) -> bool:

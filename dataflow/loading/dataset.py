@@ -53,8 +53,10 @@ class StreamingDataset(IterableDataset):
             decompressed shards. Larger is more random.
         rank, world_size: override torch.distributed's.
         position_ids: also yield `position_ids` that restart at each document (for document masking).
-        cache_dir: where remote shards are cached (default `$DATAFLOW_CACHE`, shared by all processes).
-        cache_limit: bytes or "50GB": least recently used shards not in use are evicted beyond it.
+        cache_dir: where remote shards are cached, shared by all processes of the machine (default
+            `$DATAFLOW_CACHE`, else `$XDG_CACHE_HOME/dataflow`, else `~/.cache/dataflow`).
+        cache_limit: bytes or "50GB" (default: half the free disk); least recently used shards not in
+            use are evicted beyond it.
         storage_options: fsspec options for remote datasets (e.g. S3 `endpoint_url`, credentials).
 
     Iterated directly (or by torch's `DataLoader` with `num_workers=0`) it yields this rank's samples

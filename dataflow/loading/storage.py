@@ -8,13 +8,14 @@ reader ever sees a partial or wrong file. `prefetch` downloads ahead in backgrou
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import logging
 import os
 import posixpath
 import random
-import tempfile
+import shutil
 import threading
 import time
 import weakref
@@ -23,18 +24,24 @@ from typing import Any
 
 import fsspec
 
-from dataflow.errors import FormatError, StorageError
+from dataflow.errors import CacheFullError, FormatError, StorageError, cause
 from dataflow.formats.manifest import ShardInfo
+from dataflow.formats.remote_errors import explain
 from dataflow.formats.writer import parse_size
 from dataflow.loading import cache
 from dataflow.loading.cache import lock, unlock
 
+__all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "prefetch_shards"]
 log = logging.getLogger(__name__)
 
 RETRIES = 5  # attempts per download
 BACKOFF_S = 0.2  # first retry delay; doubles each attempt (with jitter), capped at 10 s
 PREFETCH_WORKERS = 4  # concurrent background downloads per process
+DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no retry: waiting frees no space
 
 
 class _Corrupt(Exception):
@@ -47,7 +54,11 @@ def is_remote(root: str) -> bool:
 
 
 def default_cache_dir() -> str:
-    return os.environ.get("DATAFLOW_CACHE", os.path.join(tempfile.gettempdir(), "dataflow-cache"))
+    """`$DATAFLOW_CACHE`, else `$XDG_CACHE_HOME/dataflow`, else `~/.cache/dataflow`."""
+    if os.environ.get("DATAFLOW_CACHE"):
+        return os.environ["DATAFLOW_CACHE"]
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "dataflow")
 
 
 class Storage:
@@ -55,8 +66,11 @@ class Storage:
 
     Args:
         root: the dataset folder or URL.
-        cache_dir: the cache shared by all processes on this machine (default `$DATAFLOW_CACHE`).
-        cache_limit: bytes or a size like "10GB" (default `$DATAFLOW_CACHE_LIMIT`, else unlimited).
+        cache_dir: the cache shared by all processes on this machine (default `default_cache_dir()`:
+            `$DATAFLOW_CACHE`, else `$XDG_CACHE_HOME/dataflow`, else `~/.cache/dataflow`).
+        cache_limit: bytes or a size like "10GB" (default `$DATAFLOW_CACHE_LIMIT`, else half of the disk
+            space that is free or already used by the cache, measured when this Storage is made; copies
+            sent to loader workers keep it; "none" for unlimited).
         storage_options: passed to fsspec (e.g. `{"client_kwargs": {"endpoint_url": ...}}` for S3).
         prefetch_workers: background downloads at once for `prefetch()`.
         retries: attempts per download on transient errors (5xx, resets, timeouts, bad checksums).
@@ -71,13 +85,13 @@ class Storage:
             self.root = posixpath.dirname(self.root) if self.remote else os.path.dirname(self.root)
         self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
         limit = cache_limit if cache_limit is not None else os.environ.get("DATAFLOW_CACHE_LIMIT")
-        self.cache_limit = parse_size(limit) if limit is not None else None
         self.storage_options = dict(storage_options or {})
         self.prefetch_workers, self.retries = max(1, prefetch_workers), max(1, retries)
         self.cache_root = None
         if self.remote:
             tag = hashlib.sha256(self.root.rstrip("/").encode()).hexdigest()[:16]
             self.cache_root = os.path.join(self.cache_dir, tag)
+        self.cache_limit = _resolve_limit(limit, self.cache_dir if self.remote else None)
         self._reset()
 
     def _reset(self) -> None:
@@ -208,8 +222,8 @@ class Storage:
             try:
                 self._fs, self._rroot = fsspec.core.url_to_fs(self.root, **self.storage_options)
             except (ImportError, ValueError, TypeError) as e:
-                raise StorageError(f"{self.root}: cannot open this URL ({e}); install the fsspec backend for "
-                                   "its scheme (s3fs, gcsfs, ...) or fix storage_options") from e
+                raise (explain(self.root, e) or StorageError(
+                    f"{self.root}: cannot open this URL ({e}); fix the URL or storage_options")) from cause(e)
             self._fs_pid = os.getpid()
         return self._fs, self._rroot
 
@@ -240,6 +254,7 @@ class Storage:
                 return
             cache.remove_partials(path)  # left by a downloader that died: we hold `.dl` now
             self._make_room(shard.bytes)
+            self._check_space(shard)
             self._download(shard, path)
         finally:
             unlock(fd)
@@ -260,29 +275,63 @@ class Storage:
                 with self._mu:
                     self.downloads += 1
                 return
-            except FileNotFoundError:
-                raise FormatError(f"{url}: shard listed in the manifest is not there (not found); "
-                                  "re-upload it or check the dataset URL") from None
+            except OSError as e:
+                if e.errno in _DISK_FULL:
+                    raise self._full(shard, e) from cause(e)
+                if isinstance(e, FileNotFoundError):
+                    raise FormatError(f"{url}: shard listed in the manifest is not there (not found); "
+                                      "re-upload it or check the dataset URL") from None
+                self._retry_or_raise(url, e, attempt)
             except Exception as e:
-                if not _transient(e):
-                    raise StorageError(f"{url}: download refused ({_describe(e)}); check the URL, "
-                                       "credentials and storage_options") from e
-                if attempt == self.retries:
-                    if isinstance(e, _Corrupt):
-                        raise FormatError(f"{url}: downloaded bytes do not match the manifest after "
-                                          f"{attempt} attempts ({e}); the remote shard is damaged or was "
-                                          f"rewritten: run `dataflow verify {self.root}`") from None
-                    raise StorageError(f"{url}: download failed after {attempt} attempts "
-                                       f"({_describe(e)}); check the network and the server, then retry") from e
-                delay = min(BACKOFF_S * 2 ** (attempt - 1), 10.0) * random.uniform(0.5, 1.0)
-                log.warning("%s: attempt %d failed (%s); retrying in %.1fs", url, attempt, _describe(e), delay)
-                time.sleep(delay)
+                self._retry_or_raise(url, e, attempt)
             finally:
                 cache.remove(tmp)
+
+    def _retry_or_raise(self, url: str, e: Exception, attempt: int) -> None:
+        """Sleep before the next attempt when `e` is transient and attempts are left, else raise."""
+        if not _transient(e):
+            raise (explain(url, e) or StorageError(f"{url}: download refused ({_describe(e)}); check the URL, "
+                                                   "credentials and storage_options")) from cause(e)
+        if attempt == self.retries:
+            if isinstance(e, _Corrupt):
+                raise FormatError(f"{url}: downloaded bytes do not match the manifest after "
+                                  f"{attempt} attempts ({e}); the remote shard is damaged or was "
+                                  f"rewritten: run `dataflow verify {self.root}`") from None
+            raise StorageError(f"{url}: download failed after {attempt} attempts "
+                               f"({_describe(e)}); check the network and the server, then retry") from cause(e)
+        delay = min(BACKOFF_S * 2 ** (attempt - 1), 10.0) * random.uniform(0.5, 1.0)
+        log.warning("%s: attempt %d failed (%s); retrying in %.1fs", url, attempt, _describe(e), delay)
+        time.sleep(delay)
+
+    def _check_space(self, shard: ShardInfo) -> None:
+        """Refuse a download that cannot fit on the cache's disk, before writing any of it."""
+        free = shutil.disk_usage(self.cache_dir).free
+        if free < shard.bytes:
+            raise self._full(shard, None, free)
+
+    def _full(self, shard: ShardInfo, e: OSError | None, free: int | None = None) -> CacheFullError:
+        free = shutil.disk_usage(self.cache_dir).free if free is None else free
+        limit = "unlimited" if self.cache_limit is None else f"{self.cache_limit / 1e9:.1f} GB"
+        return CacheFullError(
+            f"{self.cache_dir}: disk full while caching {self.url(shard)} ({shard.bytes / 1e6:.1f} MB needed, "
+            f"{free / 1e6:.1f} MB free{'' if e is None else ': ' + (e.strerror or str(e))}); free space, lower "
+            f"cache_limit (now {limit}; DATAFLOW_CACHE_LIMIT) or set DATAFLOW_CACHE to a larger disk")
 
     def _make_room(self, incoming: int) -> None:
         if self.cache_limit is not None:
             cache.evict(self.cache_dir, self.cache_limit, incoming)
+
+
+def _resolve_limit(limit: int | str | None, cache_dir: str | None) -> int | None:
+    """Bytes the cache may hold: `limit` as given ("none": unlimited), else for a remote dataset
+    `DEFAULT_SHARE` of the disk space free or already used by the cache."""
+    if isinstance(limit, str) and limit.strip().lower() in ("none", "unlimited", "0"):
+        return None
+    if limit is not None:
+        return parse_size(limit)
+    if cache_dir is None:
+        return None
+    return cache.default_limit(cache_dir, DEFAULT_SHARE)
 
 
 def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]]) -> None:

@@ -106,7 +106,7 @@ def _run_ray(units: list[Unit], spec: UnitSpec, workers: int) -> Iterator[UnitOu
     try:
         import ray
     except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'dataflow[ray]'") from None
+        raise ConfigError("--executor ray needs Ray: pip install 'dataflow-lm[ray]'") from None
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
     remote = ray.remote(num_cpus=1)(tokenize_unit_in_memory)

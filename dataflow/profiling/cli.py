@@ -37,7 +37,7 @@ def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
                    "--sweep num_workers=0,1,2 depth=1,2,4; recommends the cheapest below 1%% data wait")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace / Perfetto JSON of the run")
-    p.add_argument("--plot", metavar="FILE.png", help="write a figure (needs matplotlib: dataflow[plot])")
+    p.add_argument("--plot", metavar="FILE.png", help="write a figure (needs matplotlib: dataflow-lm[plot])")
     p.set_defaults(func=cmd_profile)
     return p
 

@@ -55,7 +55,7 @@ def load_target(config: str) -> ProfileTarget:
     """The `ProfileTarget` for a training config, from the one program registered for `dataflow.profile`."""
     from importlib.metadata import entry_points
 
-    found = list(entry_points(group="dataflow.profile"))
+    found = list({e.value: e for e in entry_points(group="dataflow.profile")}.values())  # one per target
     if not found:
         raise ConfigError("--config needs a training program registered in the 'dataflow.profile' entry-point group "
                           "(the bundled trainer is: reinstall the project with `pip install -e .`)")

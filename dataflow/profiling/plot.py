@@ -21,7 +21,7 @@ def _pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install 'dataflow[plot]' (or pip install matplotlib)") \
+        raise ConfigError("--plot needs matplotlib: pip install 'dataflow-lm[plot]' (or pip install matplotlib)") \
             from None
     return plt
 

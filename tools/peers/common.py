@@ -65,9 +65,12 @@ def stub_modules(names: dict[str, dict]) -> None:
 # ---- tokenize benchmark -------------------------------------------------------------------------------------------
 
 def gpt2_json() -> str:
-    return os.environ.get("BENCH_GPT2_JSON") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "..", "shared", "data",
-        "tokenizers", "gpt2", "tokenizer.json")
+    """GPT-2's tokenizer.json: the one the benchmark set in BENCH_GPT2_JSON, else the repository's copy."""
+    if os.environ.get("BENCH_GPT2_JSON"):
+        return os.environ["BENCH_GPT2_JSON"]
+    from tools import repo_data
+
+    return str(repo_data.gpt2_json())
 
 
 EOS_TEXT = "<|endoftext|>"

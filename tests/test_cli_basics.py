@@ -1,0 +1,91 @@
+"""The command line's basics: --version, help and default for every flag, progress on long commands."""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dataflow import __version__
+from dataflow.cli import build_parser, main
+
+# The tokenizer engine flag is being extended by the preprocessing owner (--engine gigatoken): its help
+# text lands with that change.
+PENDING_HELP = {("tokenize", "--engine")}
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_version_exits_0_with_the_distribution_and_format():
+    p = subprocess.run([sys.executable, "-m", "dataflow", "--version"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr == ""
+    assert p.stdout.startswith(f"dataflow {__version__} (dataflow-lm; on-disk format version 1;")
+    assert p.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["tokenize", "merge", "inspect", "verify", "decode"])
+def test_every_flag_has_help_and_states_its_default(name):
+    parser = subcommands()[name]
+    text = parser.format_help()
+    for action in parser._actions:
+        flag = action.option_strings[-1] if action.option_strings else action.dest
+        if (name, flag) in PENDING_HELP or isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help, f"{name} {flag} has no help"
+        if action.option_strings and not any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+            assert f"(default: {action.default})" in " ".join(text.split()) or "default" in action.help, flag
+    assert "--debug" in text
+
+
+def test_usage_error_is_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["inspect"])
+    assert e.value.code == 2
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, kjv):
+    out = tmp_path_factory.mktemp("ds") / "kjv"
+    assert main(["tokenize", str(kjv), "-o", str(out), "--no-progress", "--shard-size", "1MB", "--workers", "1"]) == 0
+    return out
+
+
+def test_decode_to_a_file_shows_progress_and_writes_it_whole(dataset, tmp_path, capsys):
+    capsys.readouterr()
+    out = tmp_path / "back.jsonl"
+    assert main(["decode", str(dataset), "-o", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert "decode" in cap.err and "1189/1189" in cap.err and f"decoded 1,189 documents into {out}" in cap.err
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 1189 and records[0]["text"]
+    assert [p.name for p in tmp_path.iterdir()] == ["back.jsonl"]  # no temporary file left beside it
+
+
+def test_decode_failure_leaves_no_partial_output(dataset, tmp_path, capsys, monkeypatch):
+    import dataflow.formats.inspect as inspect_mod
+
+    def failing(root, manifest):
+        yield {"id": "x", "text": "first"}
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect_mod, "decode_documents", failing)
+    out = tmp_path / "back.jsonl"
+    assert main(["decode", str(dataset), "-o", str(out)]) == 130
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_shows_progress_and_no_progress_silences_it(dataset, capsys):
+    capsys.readouterr()
+    assert main(["verify", str(dataset)]) == 0
+    cap = capsys.readouterr()
+    assert "verify" in cap.err and "100%" in cap.err and cap.out.startswith("ok: ")
+    assert main(["verify", str(dataset), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["decode", str(dataset), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
