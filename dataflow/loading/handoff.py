@@ -21,14 +21,17 @@ Pipes carry only the rare messages: start a job, stop, and a worker's "job ended
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import multiprocessing.connection as mpc
 import pickle
 import time
 import traceback
+import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator
+from functools import partial
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -83,14 +86,12 @@ class SlotRing:
                             .view(f.dtype).reshape(f.shape) for f in self.fields} for s in range(self.slots)]
         return self._numpy[slot]
 
-    def lend(self, slot: int, rows: int, on_release: Any) -> dict[str, torch.Tensor]:
-        """Tensors viewing the slot's first `rows` rows; `on_release()` runs once none of them is referenced."""
-        flat = np.asarray(_Lease(self.buffer, slot * self.slot_bytes, self.slot_bytes, on_release))
-        out = {}
-        for f in self.fields:
-            view = flat[f.offset:f.offset + int(np.prod(f.shape)) * f.dtype.itemsize].view(f.dtype).reshape(f.shape)
-            out[f.name] = torch.from_numpy(view if rows == f.shape[0] else view[:rows])
-        return out
+    def lend(self, slot: int, rows: int, on_release: Callable[[], None]) -> tuple[dict[str, torch.Tensor], "_Lease"]:
+        """Tensors viewing the slot's first `rows` rows, and the lease that runs `on_release()` once none
+        of them (nor any view of them) is referenced any more."""
+        arrays = [v.view() if rows == v.shape[0] else v[:rows] for v in self.numpy_views(slot).values()]
+        lease = _Lease(arrays, on_release)
+        return {f.name: torch.from_numpy(a) for f, a in zip(self.fields, arrays)}, lease
 
     def copy(self, slot: int, rows: int) -> dict[str, torch.Tensor]:
         """An owned copy of the slot's first `rows` rows (page-locked like the ring when it is pinned)."""
@@ -113,22 +114,20 @@ class SlotRing:
 
 
 class _Lease:
-    """The one object every view of a lent slot hangs off (numpy keeps it as their base): when the last
-    view goes, so does the lease, and the slot is handed back. It also keeps the ring's memory alive."""
+    """Watches the fresh numpy arrays a lent slot's tensors were made from (each tensor, and every view of
+    it, keeps its array alive): when the last one is gone, `on_release()` runs, once, in whatever thread
+    dropped it. The pool holds the lease until then (its weak references must outlive the arrays)."""
 
-    __slots__ = ("__array_interface__", "_buffer", "_on_release")
+    __slots__ = ("_refs", "_drops", "_n", "_on_release")
 
-    def __init__(self, buffer: torch.Tensor, offset: int, size: int, on_release: Any):
-        self._buffer = buffer
-        self._on_release = on_release
-        self.__array_interface__ = {"shape": (size,), "typestr": "|u1", "version": 3,
-                                    "data": (buffer.data_ptr() + offset, False)}
+    def __init__(self, arrays: list[np.ndarray], on_release: Callable[[], None]):
+        self._on_release, self._n = on_release, len(arrays)
+        self._drops = itertools.count(1)  # next() is atomic: two threads dropping fields cannot both miss
+        self._refs = [weakref.ref(a, self._dropped) for a in arrays]
 
-    def __del__(self) -> None:
-        try:
+    def _dropped(self, _ref: Any) -> None:
+        if next(self._drops) == self._n:
             self._on_release()
-        except Exception:  # a finaliser must not raise; a closed pool has nothing to hand back to
-            pass
 
 
 def _round_up(n: int, to: int) -> int:
@@ -140,6 +139,7 @@ class _Shared:
     """What the main process and one worker share besides the ring."""
 
     slots: list[int]  # this worker's slots
+    fills: torch.Tensor  # int64 [len(slots)]: the slot of this worker's k-th batch of a job, at k % len(slots)
     table: torch.Tensor  # float64 [all slots, _STAGES + stages], shared memory
     control: torch.Tensor  # int64 [1]: the job the workers should be running (0: none)
     ready: Any  # semaphore: slots filled and not yet taken by the main process
@@ -178,8 +178,8 @@ def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num
 
 def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook, job: int,
              plan: BatchPlan, parent: int) -> None:
-    table, control = shared.table.numpy(), shared.control.numpy()
-    for b in range(worker, plan.num_batches, num_workers):
+    table, control, fills = shared.table.numpy(), shared.control.numpy(), shared.fills.numpy()
+    for k, b in enumerate(range(worker, plan.num_batches, num_workers)):
         while not shared.free.acquire(timeout=POLL_S):
             if control[0] != job or os.getppid() != parent:
                 return
@@ -198,6 +198,7 @@ def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_wor
             row[_STAGES + i] = times.get(name, 0.0)
         row[_JOB], row[_BATCH] = job, b
         row[_STATE] = FILLED  # last: the row is this batch's once it reads FILLED with this job and batch
+        fills[k % len(fills)] = slot
         shared.ready.release()
 
 
@@ -223,7 +224,8 @@ class WorkerPool:
         self.shared: list[_Shared] = []
         self.ctrl, self.results, self.procs = [], [], []
         for w in range(num_workers):
-            shared = _Shared(list(range(w * self.per_worker, (w + 1) * self.per_worker)), table, control,
+            shared = _Shared(list(range(w * self.per_worker, (w + 1) * self.per_worker)),
+                             torch.zeros(self.per_worker, dtype=torch.int64).share_memory_(), table, control,
                              ctx.Semaphore(0), ctx.Semaphore(self.per_worker))
             ctrl_recv, ctrl_send = ctx.Pipe(duplex=False)
             res_recv, res_send = ctx.Pipe(duplex=False)
@@ -239,6 +241,9 @@ class WorkerPool:
         self.job = 0
         self.closed = False
         self.copies = 0  # batches handed out as owned copies because every slot of their worker was lent
+        self._fills = [sh.fills.numpy() for sh in self.shared]
+        self._lent: list[set[int]] = [set() for _ in range(num_workers)]  # set ops are atomic across threads
+        self._leases: dict[int, _Lease] = {}  # slot -> its lease, alive until the slot comes back
         self._running: list[int] = [0] * num_workers  # the job each worker has not yet reported ended
         self.stage_by_worker: list[dict[str, float]] = [{} for _ in range(num_workers)]
 
@@ -258,10 +263,12 @@ class WorkerPool:
         for w, c in enumerate(self.ctrl):
             c.send(("run", job, plan))
             self._running[w] = job
+        taken = [0] * self.num_workers  # batches taken from each worker in this job
         try:
             for b in range(plan.num_batches):
                 w = b % self.num_workers
-                slot, rows = self._receive(w, job, b)
+                slot, rows = self._receive(w, job, b, taken[w])
+                taken[w] += 1
                 yield self._hand_out(w, slot, rows)
         finally:
             if self._control[0] == job:
@@ -269,18 +276,29 @@ class WorkerPool:
 
     def _hand_out(self, w: int, slot: int, rows: int) -> dict[str, torch.Tensor]:
         """Lend the slot, unless that would leave worker w no slot to fill: then copy it and free it."""
-        states = self._table[self.shared[w].slots, _STATE]
-        if int((states == LENT).sum()) + 1 < self.per_worker:
+        lent = self._lent[w]
+        if len(lent) + 1 < self.per_worker:
             self._table[slot, _STATE] = LENT
-            return self.ring.lend(slot, rows, _Release(self, self.shared[w], slot))
+            lent.add(slot)
+            batch, self._leases[slot] = self.ring.lend(slot, rows, partial(self._give_back, w, slot))
+            return batch
         batch = self.ring.copy(slot, rows)
         self.copies += 1
         self._table[slot, _STATE] = FREE
         self.shared[w].free.release()
         return batch
 
-    def _receive(self, w: int, job: int, b: int) -> tuple[int, int]:
-        """Wait until worker w has filled a slot with batch b of `job`; returns (slot, rows)."""
+    def _give_back(self, w: int, slot: int) -> None:
+        """A lent slot's batch is gone: the slot is worker w's to fill again (run in any thread)."""
+        if self.closed:
+            return
+        self._leases.pop(slot, None)
+        self._lent[w].discard(slot)
+        self._table[slot, _STATE] = FREE  # before the post: a permit always finds a FREE slot
+        self.shared[w].free.release()
+
+    def _receive(self, w: int, job: int, b: int, k: int) -> tuple[int, int]:
+        """Wait until worker w has filled a slot with batch b of `job` (its k-th); returns (slot, rows)."""
         waited = 0.0
         while self.job != job or not self.shared[w].ready.acquire(timeout=POLL_S):
             if self.job != job:
@@ -290,13 +308,13 @@ class WorkerPool:
                 self._ended(w, b)
             if self.timeout and waited >= self.timeout:
                 raise DataflowError(f"loader worker {w} produced no batch in {self.timeout} s")
-        for slot in self.shared[w].slots:
-            row = self._table[slot]
-            if row[_STATE] == FILLED and row[_JOB] == job and row[_BATCH] == b:
-                add_seconds(self.stage_by_worker[w], dict(zip(STAGES, row[_STAGES:].tolist())))
-                return slot, int(row[_ROWS])
-        self._ended(w, b)  # posted without filling a slot: it failed
-        raise DataflowError(f"loader worker {w} posted batch {b} without filling it (protocol error)")
+        slot = int(self._fills[w][k % self.per_worker])
+        row = self._table[slot]
+        if row[_STATE] != FILLED or row[_JOB] != job or row[_BATCH] != b:
+            self._ended(w, b)  # posted without filling a slot: it failed
+            raise DataflowError(f"loader worker {w} posted batch {b} without filling it (protocol error)")
+        add_seconds(self.stage_by_worker[w], dict(zip(STAGES, row[_STAGES:].tolist())))
+        return slot, int(row[_ROWS])
 
     def _ended(self, w: int, b: int) -> None:
         """Worker w ended its job before producing batch b: raise its error, or say it died."""
@@ -359,21 +377,6 @@ class WorkerPool:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
-
-
-class _Release:
-    """Hands a lent slot back to its worker (run by the lease's finaliser, in whatever thread drops it)."""
-
-    __slots__ = ("pool", "shared", "slot")
-
-    def __init__(self, pool: WorkerPool, shared: _Shared, slot: int):
-        self.pool, self.shared, self.slot = pool, shared, slot
-
-    def __call__(self) -> None:
-        if self.pool.closed:
-            return
-        self.pool._table[self.slot, _STATE] = FREE  # before the post: a permit always finds a FREE slot
-        self.shared.free.release()
 
 
 def _restore(payload: bytes | None, text: str, worker: int) -> BaseException:
