@@ -118,3 +118,87 @@ def test_trainer_refuses_non_finite_or_out_of_range_settings(override, message):
 
     with pytest.raises(ConfigError, match=message):
         load_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.toml"), [override])
+
+
+def rehash(path: str, index: int) -> None:
+    """Make the manifest agree with a shard file's new bytes (what an attacker or a buggy tool would do)."""
+    shard = read_manifest(path).shards[index]
+    data = open(os.path.join(path, shard.path), "rb").read()
+
+    def change(d):
+        d["shards"][index].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    edit_manifest(path, change)
+
+
+def tar_bytes(members) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_verify_reports_every_bad_shard_in_one_line_each(tmp_path, capsys):
+    from dataflow.cli import main
+
+    path = write(tmp_path / "d", 65536, 45_000 + np.arange(60_000) % 5_000, docs=60)
+    m = read_manifest(path)
+    assert len(m.shards) >= 4
+    first = os.path.join(path, m.shards[0].path)  # 1: a flipped byte (manifest untouched)
+    data = bytearray(open(first, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(first, "wb").write(bytes(data))
+    second = os.path.join(path, m.shards[1].path)  # 2: garbage layout metadata, hash updated to match
+    raw = open(second, "rb").read()
+    open(second, "wb").write(raw.replace(b'[[', b'[{'))
+    rehash(path, 1)
+    edit_manifest(path, lambda d: d["tokenizer"].update(vocab_size=40_000, eos_id=39_999))  # 3: ids beyond vocab
+    assert main(["verify", path, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    bad = [line for line in err.splitlines() if line.startswith("BAD ")]
+    assert len(bad) == len(m.shards)  # every shard reported, none stopped the run
+    assert "corrupt" in bad[0] and "layout" in bad[1]
+    assert all("outside the vocabulary of 40000" in line for line in bad[2:])
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("members,message", [
+    ([("d0.json", b'{"id": "d0"}'), ("d0.tokens.npy", None)], "damaged tar shard"),
+    ([("dir", None)], "not a regular file"),
+])
+def test_verify_rejects_the_tar_shards_the_loader_rejects(tmp_path, capsys, members, message):
+    from dataflow.cli import main
+
+    path = write(tmp_path / "d", 65536, np.arange(100), docs=1, format="tar", compression="none")
+    npy = io.BytesIO()
+    np.save(npy, np.arange(100, dtype=np.uint16))
+    members = [(n, npy.getvalue() if n.endswith(".npy") else d) for n, d in members]
+    shard = read_manifest(path).shards[0]
+    open(os.path.join(path, shard.path), "wb").write(tar_bytes(members))
+    rehash(path, 0)
+    with pytest.raises(FormatError, match=message):
+        drain(path)
+    assert main(["verify", path, "--no-progress"]) == 1
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("state", [{"step": 3}, {"step": "3", "world_size": 1, "loader": {}, "counters": {}},
+                                   ["not", "a", "dict"]])
+def test_a_damaged_checkpoint_state_is_one_clear_error(tmp_path, state):
+    from trainer.checkpoint import STATE_FILE, STATE_VERSION, Checkpointer
+    from trainer.parallelize import Dist
+
+    folder = tmp_path / "step-000003"
+    folder.mkdir()
+    if isinstance(state, dict):
+        state = {"version": STATE_VERSION, **state}
+    (folder / STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(FormatError, match="step-000003"):
+        Checkpointer(str(tmp_path), 1, Dist()).load(str(folder), None, None)

@@ -22,6 +22,7 @@ import pytest
 
 from dataflow import FormatError, ShardWriter, TokenizerMeta
 from dataflow.formats.manifest import ShardInfo, read_manifest
+from dataflow.formats import remote
 from dataflow.loading import storage as storage_mod
 from dataflow.loading.storage import Storage, StorageError
 
@@ -117,7 +118,7 @@ def server(http_server, monkeypatch):
     http_server.cut = {}
     http_server.delay, http_server.fail_status = 0.0, 503
     http_server.url = f"http://127.0.0.1:{http_server.server_address[1]}/ds"
-    monkeypatch.setattr(storage_mod, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
     return http_server
 
 
@@ -441,3 +442,36 @@ def test_s3_shards_through_the_cache(s3, dataset, shards, tmp_path, monkeypatch)
     remote = StreamingDataset("s3://dataflow-test/ds", seq_len=SEQ, seed=2, cache_dir=str(tmp_path / "e2e"))
     assert windows(remote) == windows(StreamingDataset(dataset, seq_len=SEQ, seed=2))
     shutil.rmtree(tmp_path / "e2e")
+
+
+# --- the reliability issue: the manifest is retried, and a silent server cannot hang the loader ---------
+def test_a_failing_manifest_request_is_retried(server):
+    server.fail["/ds/index.json"] = 2  # two 503s, then the manifest
+    m = read_manifest(server.url)
+    assert len(m.shards) >= 8 and server.gets["/ds/index.json"] >= 3  # two refused, then served
+
+
+def test_a_manifest_that_keeps_failing_is_a_server_error_not_a_missing_dataset(server):
+    server.fail["/ds/index.json"] = 100
+    with pytest.raises(StorageError) as e:
+        read_manifest(server.url)
+    assert "no manifest" not in str(e.value) and "\n" not in str(e.value)
+    assert server.gets["/ds/index.json"] == remote.RETRIES
+
+
+def test_a_server_that_never_answers_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    """It accepts connections (the kernel does, from its backlog) and never sends a byte."""
+    from dataflow import DataflowError
+
+    monkeypatch.setenv("DATAFLOW_READ_TIMEOUT_S", "0.5")
+    monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DataflowError):
+            read_manifest(f"http://127.0.0.1:{silent.getsockname()[1]}/ds")
+        assert time.monotonic() - t0 < 60
+    finally:
+        silent.close()

@@ -204,8 +204,10 @@ class Checkpointer:
                 state = json.load(f)
         except (OSError, ValueError) as e:
             raise FormatError(f"{path}: cannot read {STATE_FILE} ({e})") from None
-        if state.get("version") != STATE_VERSION:
-            raise FormatError(f"{path}: trainer state version {state.get('version')} is not {STATE_VERSION}")
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            found = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise FormatError(f"{path}: trainer state version {found} is not {STATE_VERSION}")
+        _check_state(path, state)
         saved = state.get("model")
         if expect_model is not None and saved is not None:
             diff = [f"{k}: {saved.get(k)} -> {v}" for k, v in expect_model.items() if saved.get(k) != v]
@@ -226,3 +228,17 @@ class Checkpointer:
         else:  # a different world size: RNG streams cannot map one to one, reseed per (seed, rank, step)
             state["rng_restored"] = False
         return state
+
+
+def _check_state(path: str, state: dict[str, Any]) -> None:
+    """A trainer state of the wrong shape is one clear error, not a KeyError deep in the loop."""
+    counters = state.get("counters")
+    problems = [k for k, kind in (("step", int), ("world_size", int), ("loader", dict), ("counters", dict))
+                if not isinstance(state.get(k), kind) or isinstance(state.get(k), bool)]
+    if isinstance(counters, dict):
+        problems += [f"counters.{k}" for k in ("skipped", "bad_in_row", "tokens") if not isinstance(counters.get(k), int)]
+        if "loss_ema" not in counters or not isinstance(counters["loss_ema"], (int, float, type(None))):
+            problems.append("counters.loss_ema")
+    if problems:
+        raise FormatError(f"{path}/{STATE_FILE}: missing or malformed {', '.join(problems)}; the checkpoint is "
+                          f"damaged: resume from an earlier one (checkpoint.resume=FOLDER) or start afresh")

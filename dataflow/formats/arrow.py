@@ -82,7 +82,16 @@ class ArrowShard:
     def _layout(self) -> list[list[int]]:
         meta = self._reader.schema.metadata or {}
         if LAYOUT_KEY in meta:
-            return json.loads(meta[LAYOUT_KEY])
+            try:
+                layout = json.loads(meta[LAYOUT_KEY])
+            except ValueError:
+                layout = None
+            ok = isinstance(layout, list) and len(layout) == self._reader.num_record_batches and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and x >= 0 for x in p) for p in layout)
+            if not ok:
+                raise FormatError(f"{self.path}: its record batch layout ({LAYOUT_KEY.decode()} in the schema "
+                                  f"metadata) is damaged; run `dataflow verify`, then re-create the shard")
+            return layout
         # Written by another tool: learn the layout the slow way, once.
         out = []
         for i in range(self._reader.num_record_batches):

@@ -15,6 +15,7 @@ from typing import Any
 import fsspec
 
 from dataflow.errors import DataflowError, FormatError, NotADatasetError, cause
+from dataflow.formats import remote
 from dataflow.formats.atomic import write_json_atomic
 from dataflow.formats.remote_errors import explain, read_failed, server_error
 
@@ -183,9 +184,13 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
     credentials or an unreachable host.
     """
     url = manifest_url(dataset)
+
+    def read() -> bytes:
+        with fsspec.open(url, "rb", **remote.with_timeouts(url, storage_options)) as f:
+            return f.read()
+
     try:
-        with fsspec.open(url, "rb", **(storage_options or {})) as f:
-            raw = f.read()
+        raw = remote.with_retries(url, read) if _remote(url) else read()
     except (FileNotFoundError, NotADirectoryError) as e:
         raise _not_found(str(dataset), url, e) from cause(e)
     except Exception as e:

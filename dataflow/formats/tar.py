@@ -16,6 +16,7 @@ import numpy as np
 import zstandard
 
 from dataflow.errors import FormatError
+from dataflow.formats.manifest import ShardInfo
 
 
 def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -121,3 +122,30 @@ def _npy_view(body: memoryview) -> np.ndarray:
     if m is None:
         raise ValueError("expected a 1-D C-ordered token array in the .npy payload")
     return np.frombuffer(body, dtype=np.dtype(m.group(1).decode()), count=int(m.group(2)), offset=start)
+
+
+TAR_BYTES_PER_DOCUMENT = 8192  # headers, .npy header, padding and a generous .json, per document
+
+
+def read_tar_stream(path: str, info: ShardInfo, itemsize: int) -> bytes:
+    """The whole tar stream, decompressed (`.tar.zst`) no further than the manifest's counts allow."""
+    with open(path, "rb") as f:
+        if not path.endswith(".zst"):
+            return f.read()
+        limit = info.tokens * itemsize + info.documents * TAR_BYTES_PER_DOCUMENT + (1 << 20)
+        try:
+            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+            chunks, size = [], 0
+            while size <= limit:
+                chunk = reader.read(min(limit + 1 - size, 1 << 24))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            raw = b"".join(chunks)
+        except zstandard.ZstdError as e:
+            raise FormatError(f"{path}: not a readable zstd stream ({e}); run `dataflow verify`") from None
+    if len(raw) > limit:
+        raise FormatError(f"{path}: decompresses beyond the {limit:,} bytes its manifest entry allows "
+                          f"({info.documents} documents, {info.tokens} tokens); the shard is damaged or hostile")
+    return raw

@@ -10,14 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import zstandard
 
 from dataflow.errors import FormatError
 from dataflow.formats.arrow import ArrowShard
 from dataflow.formats.manifest import ShardInfo
-from dataflow.formats.tar import parse_tar_documents
+from dataflow.formats.tar import parse_tar_documents, read_tar_stream
 
-TAR_BYTES_PER_DOCUMENT = 8192  # headers, .npy header, padding and a generous .json, per document
 
 
 @dataclass
@@ -46,7 +44,7 @@ class OpenShard:
             self.doc_starts = self._arrow.doc_starts
         else:
             self._arrow = None
-            ids, docs = parse_tar_documents(_read_tar(path, info, self.dtype.itemsize), path)
+            ids, docs = parse_tar_documents(read_tar_stream(path, info, self.dtype.itemsize), path)
             lengths = [len(d) for d in docs]
             offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
             flat = np.concatenate(docs) if docs else np.zeros(0, self.dtype)
@@ -103,26 +101,3 @@ class OpenShard:
         return str(doc_id.as_py() if hasattr(doc_id, "as_py") else doc_id), \
             b.tokens[b.doc_offsets[j]:b.doc_offsets[j + 1]]
 
-
-def _read_tar(path: str, info: ShardInfo, itemsize: int) -> bytes:
-    """The whole tar stream, decompressed (`.tar.zst`) no further than the manifest's counts allow."""
-    with open(path, "rb") as f:
-        if not path.endswith(".zst"):
-            return f.read()
-        limit = info.tokens * itemsize + info.documents * TAR_BYTES_PER_DOCUMENT + (1 << 20)
-        try:
-            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
-            chunks, size = [], 0
-            while size <= limit:
-                chunk = reader.read(min(limit + 1 - size, 1 << 24))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            raw = b"".join(chunks)
-        except zstandard.ZstdError as e:
-            raise FormatError(f"{path}: not a readable zstd stream ({e}); run `dataflow verify`") from None
-    if len(raw) > limit:
-        raise FormatError(f"{path}: decompresses beyond the {limit:,} bytes its manifest entry allows "
-                          f"({info.documents} documents, {info.tokens} tokens); the shard is damaged or hostile")
-    return raw

@@ -14,10 +14,8 @@ import hashlib
 import logging
 import os
 import posixpath
-import random
 import shutil
 import threading
-import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,6 +24,7 @@ import fsspec
 
 from dataflow.errors import CacheFullError, FormatError, StorageError, cause
 from dataflow.formats.manifest import ShardInfo
+from dataflow.formats import remote
 from dataflow.formats.remote_errors import explain
 from dataflow.formats.writer import parse_size
 from dataflow.loading import cache
@@ -34,8 +33,7 @@ from dataflow.loading.cache import lock, unlock
 __all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "prefetch_shards"]
 log = logging.getLogger(__name__)
 
-RETRIES = 5  # attempts per download
-BACKOFF_S = 0.2  # first retry delay; doubles each attempt (with jitter), capped at 10 s
+RETRIES = remote.RETRIES  # attempts per download
 PREFETCH_WORKERS = 4  # concurrent background downloads per process
 DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
@@ -220,7 +218,8 @@ class Storage:
     def _filesystem(self) -> tuple[Any, str]:
         if self._fs is None or self._fs_pid != os.getpid():
             try:
-                self._fs, self._rroot = fsspec.core.url_to_fs(self.root, **self.storage_options)
+                self._fs, self._rroot = fsspec.core.url_to_fs(self.root,
+                                                              **remote.with_timeouts(self.root, self.storage_options))
             except (ImportError, ValueError, TypeError) as e:
                 raise (explain(self.root, e) or StorageError(
                     f"{self.root}: cannot open this URL ({e}); fix the URL or storage_options")) from cause(e)
@@ -289,8 +288,8 @@ class Storage:
 
     def _retry_or_raise(self, url: str, e: Exception, attempt: int) -> None:
         """Sleep before the next attempt when `e` is transient and attempts are left, else raise."""
-        if not _transient(e):
-            raise (explain(url, e) or StorageError(f"{url}: download refused ({_describe(e)}); check the URL, "
+        if not (isinstance(e, _Corrupt) or remote.transient(e)):
+            raise (explain(url, e) or StorageError(f"{url}: download refused ({remote.describe(e)}); check the URL, "
                                                    "credentials and storage_options")) from cause(e)
         if attempt == self.retries:
             if isinstance(e, _Corrupt):
@@ -298,10 +297,8 @@ class Storage:
                                   f"{attempt} attempts ({e}); the remote shard is damaged or was "
                                   f"rewritten: run `dataflow verify {self.root}`") from None
             raise StorageError(f"{url}: download failed after {attempt} attempts "
-                               f"({_describe(e)}); check the network and the server, then retry") from cause(e)
-        delay = min(BACKOFF_S * 2 ** (attempt - 1), 10.0) * random.uniform(0.5, 1.0)
-        log.warning("%s: attempt %d failed (%s); retrying in %.1fs", url, attempt, _describe(e), delay)
-        time.sleep(delay)
+                               f"({remote.describe(e)}); check the network and the server, then retry") from cause(e)
+        remote.backoff(url, attempt, e)
 
     def _check_space(self, shard: ShardInfo) -> None:
         """Refuse a download that cannot fit on the cache's disk, before writing any of it."""
@@ -361,34 +358,3 @@ def _sha256_and_sync(path: str) -> tuple[int, str]:
             size += len(chunk)
         os.fsync(f.fileno())
     return size, h.hexdigest()
-
-
-def _transient(e: BaseException) -> bool:
-    """Worth retrying: 5xx/408/429, connection resets, timeouts, damaged transfers; not 4xx."""
-    if isinstance(e, _Corrupt):
-        return True
-    if isinstance(e, (PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    status = _status(e)
-    if status is not None:
-        return status >= 500 or status in (408, 429)
-    return isinstance(e, (OSError, TimeoutError, EOFError)) or _from_aiohttp(e)
-
-
-def _from_aiohttp(e: BaseException) -> bool:
-    return any(c.__module__.split(".")[0] == "aiohttp" for c in type(e).__mro__)
-
-
-def _status(e: BaseException) -> int | None:
-    """The HTTP status of a server's answer (aiohttp's ClientResponseError, gcsfs's HttpError), else None;
-    aiohttp's errors about a broken transfer also carry a code, which is not the server's."""
-    if _from_aiohttp(e):
-        status = getattr(e, "status", None) if hasattr(e, "request_info") else None
-    else:
-        status = getattr(e, "status", None) or getattr(e, "code", None)
-    return status if isinstance(status, int) and 100 <= status < 600 else None
-
-
-def _describe(e: BaseException) -> str:
-    status, text = _status(e), str(e) or type(e).__name__
-    return f"HTTP {status}: {text}" if status is not None and str(status) not in text else text
