@@ -10,6 +10,8 @@ from tools import repo_data  # noqa: E402
 
 # Tests prove tokenizer equivalence themselves: never reuse a proof remembered by an earlier run.
 os.environ["DATAFLOW_PROOF_CACHE"] = tempfile.mkdtemp(prefix="dataflow-proofs-")
+# Shard and decoded-shard caches of this run: never the user's ~/.cache/dataflow, never an earlier run's.
+os.environ.setdefault("DATAFLOW_CACHE", tempfile.mkdtemp(prefix="dataflow-cache-"))
 
 # The real test data ships in tests/data/ (licenses in tests/data/LICENSES.md); nothing outside the repository.
 KJV = repo_data.KJV

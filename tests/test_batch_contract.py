@@ -112,8 +112,8 @@ def test_profile_counts_shard_open_time_once(path, tmp_path, monkeypatch):
         events_dir.mkdir()
         for f in opens.iterdir():
             f.unlink()
-        loader = StreamingDataLoader(StreamingDataset(path, seq_len=SEQ, seed=1, shuffle_window=2), batch_size=B,
-                                     num_workers=workers, stage_hook=StageRecorder(str(events_dir)))
+        ds = StreamingDataset(path, seq_len=SEQ, seed=1, shuffle_window=2, decode_once=False)  # every open fetches
+        loader = StreamingDataLoader(ds, batch_size=B, num_workers=workers, stage_hook=StageRecorder(str(events_dir)))
         for _ in loader:
             pass
         n_opens = len(list(opens.iterdir()))

@@ -73,9 +73,9 @@ def test_startup_reads_only_the_manifest_with_100k_shards(tmp_path, monkeypatch)
     opened = []
     real = dataset_module.OpenShard
 
-    def counting(path, *args):
+    def counting(path, *args, **kwargs):
         opened.append(path)
-        return real(path, *args)
+        return real(path, *args, **kwargs)
 
     monkeypatch.setattr(dataset_module, "OpenShard", counting)
     t0 = time.perf_counter()

@@ -8,6 +8,7 @@ token offset to its record batch from the footer alone, without decompressing an
 from __future__ import annotations
 
 import json
+import os
 from typing import Iterator
 
 import numpy as np
@@ -17,6 +18,7 @@ from dataflow.errors import FormatError
 
 RECORD_BATCH_TOKENS = 1 << 21  # 2M tokens: 4 MB of uint16 per decompression
 LAYOUT_KEY = b"dataflow.batches"  # JSON [[documents, tokens], ...] per record batch
+SOURCE_KEY = b"dataflow.decoded_from"  # in a decoded copy: the sha256 of the compressed shard it came from
 
 
 def encode_arrow_shard(values: np.ndarray, offsets: np.ndarray, ids: pa.Array, dtype: str, compression: str,
@@ -99,6 +101,10 @@ class ArrowShard:
             out.append([len(col), int(col.offsets[-1].as_py() - col.offsets[0].as_py())])
         return out
 
+    def metadata(self, key: bytes) -> str | None:
+        value = (self._reader.schema.metadata or {}).get(key)
+        return value.decode() if value is not None else None
+
     @property
     def num_batches(self) -> int:
         return len(self.batch_tokens)
@@ -131,3 +137,19 @@ class ArrowShard:
             values, offsets, ids = self.batch(i)
             for j, doc_id in enumerate(ids.to_pylist()):
                 yield doc_id, values[offsets[j]:offsets[j + 1]]
+
+
+def decode_arrow_shard(src: str, dst: str, source_sha256: str) -> int:
+    """Write an uncompressed copy of the Arrow shard `src` to `dst`: the same schema, record batches and
+    layout, plus the source's sha256 in the schema metadata (so a reader can tell whose copy it is).
+    Readers memory-map the copy, so every process of a machine shares its pages. Returns its size."""
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(src, "r"), options=pa.ipc.IpcReadOptions(use_threads=False))
+        schema = reader.schema.with_metadata({**(reader.schema.metadata or {}), SOURCE_KEY: source_sha256.encode()})
+        with pa.OSFile(dst, "wb") as sink:
+            with pa.ipc.new_file(sink, schema) as writer:
+                for i in range(reader.num_record_batches):
+                    writer.write_batch(reader.get_batch(i))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise FormatError(f"{src}: cannot decode this Arrow shard ({e}); run `dataflow verify`") from None
+    return os.path.getsize(dst)

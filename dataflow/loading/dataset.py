@@ -25,6 +25,7 @@ from dataflow.loading.mixing import Blend
 from dataflow.loading.plan import BatchPlan, LoaderState
 from dataflow.loading.shards import OpenShard
 from dataflow.loading.shuffle import EpochOrder
+from dataflow.loading.stages import COUNTS
 from dataflow.loading.storage import Storage, prefetch_shards
 
 
@@ -58,6 +59,8 @@ class StreamingDataset(IterableDataset):
         cache_limit: bytes or "50GB" (default: half the free disk); least recently used shards not in
             use are evicted beyond it.
         storage_options: fsspec options for remote datasets (e.g. S3 `endpoint_url`, credentials).
+        decode_once: zstd Arrow shards are decompressed once per machine into the cache and memory-mapped
+            by every worker and rank (they share its pages); False decompresses in each process instead.
 
     Iterated directly (or by torch's `DataLoader` with `num_workers=0`) it yields this rank's samples
     one at a time and tracks its position for `state_dict()`. Under torch's `DataLoader` with workers
@@ -68,7 +71,8 @@ class StreamingDataset(IterableDataset):
     def __init__(self, source: str | list[str] | dict[str, float], *, seq_len: int | None = None,
                  shuffle: bool = True, seed: int = 0, shuffle_window: int = 8, rank: int | None = None,
                  world_size: int | None = None, position_ids: bool = False, cache_dir: str | None = None,
-                 cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None):
+                 cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None,
+                 decode_once: bool = True):
         super().__init__()
         weights = None
         if isinstance(source, dict):
@@ -91,7 +95,7 @@ class StreamingDataset(IterableDataset):
         self.seq_len = seq_len
         self.shuffle, self.seed, self.shuffle_window = shuffle, int(seed), shuffle_window
         self.rank_arg, self.world_arg = rank, world_size
-        self.position_ids = position_ids
+        self.position_ids, self.decode_once = position_ids, decode_once
         self.storages = [Storage(p, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
                          for p in self.paths]
         self.shards: list[tuple[int, ShardInfo]] = [(i, s) for i, m in enumerate(self.manifests) for s in m.shards]
@@ -124,6 +128,7 @@ class StreamingDataset(IterableDataset):
         self._open: dict[int, OpenShard] = {}
         self._current_blocks: dict[int, tuple[int, int]] = {}  # stream -> (its epoch, block) last read
         self._fetch_s = 0.0  # time opening (and downloading) shards in the current fill
+        self._decoding = dict.fromkeys(("decode", *COUNTS), 0.0)  # decode seconds and counts in the current fill
         self._blocks_key: tuple = ()
 
     def _check_not_empty(self) -> None:
@@ -239,13 +244,20 @@ class StreamingDataset(IterableDataset):
         if shard is None:
             t0 = time.perf_counter()
             src, info = self.shards[k]
-            m = self.manifests[src]
-            shard = self._open[k] = OpenShard(self.storages[src].local_path(info), m.format, info,
-                                              m.tokenizer.vocab_size, m.dtype)
+            m, storage = self.manifests[src], self.storages[src]
+            decoded = self.decode_once and m.format == "arrow" and m.compression == "zstd"
+            before = (storage.decode_s, storage.decodes, storage.decode_hits)
+            path = storage.decoded_path(info) if decoded else storage.local_path(info)
+            d = self._decoding
+            d["decode"] += storage.decode_s - before[0]
+            d["shards_decoded"] += storage.decodes - before[1]
+            d["decode_hits"] += storage.decode_hits - before[2]
+            shard = self._open[k] = OpenShard(path, m.format, info, m.tokenizer.vocab_size, m.dtype,
+                                              decoded_from=info.sha256 if decoded else None, name=storage.url(info))
             if shard.token_starts[-1] != info.tokens:
-                raise FormatError(f"{shard.path}: holds {shard.token_starts[-1]} tokens, the manifest says "
+                raise FormatError(f"{shard.name}: holds {shard.token_starts[-1]} tokens, the manifest says "
                                   f"{info.tokens}; run `dataflow verify`")
-            self._fetch_s += time.perf_counter() - t0
+            self._fetch_s += time.perf_counter() - t0 - (storage.decode_s - before[0])
         return shard
 
     def _close_shard(self, k: int) -> None:
@@ -278,6 +290,7 @@ class StreamingDataset(IterableDataset):
         """Write the packed windows of global sample `ids` of `epoch` (default: the current one) into the
         first rows of `out` (arrays of `batch_layout`); returns the seconds of each stage (`stages.STAGES`)."""
         self._fetch_s = 0.0
+        self._decoding = dict.fromkeys(self._decoding, 0.0)
         t0 = time.perf_counter()
         shard_ids, within = self.locate(ids, epoch)
         t1 = time.perf_counter()
@@ -286,8 +299,9 @@ class StreamingDataset(IterableDataset):
         self._pack(windows, shard_ids, within, out)
         t3 = time.perf_counter()
         self._evict_read_blocks()
-        fetch = self._fetch_s
-        return {"fetch": fetch, "read": max(t2 - t1 - fetch, 0.0), "shuffle": t1 - t0, "collate": t3 - t2}
+        opening = self._fetch_s + self._decoding["decode"]
+        return {"shuffle": t1 - t0, "fetch": self._fetch_s, "read": max(t2 - t1 - opening, 0.0), "collate": t3 - t2,
+                **self._decoding}
 
     def _windows(self, shard_ids: np.ndarray, within: np.ndarray) -> list[np.ndarray]:
         L = self.seq_len

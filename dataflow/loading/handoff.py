@@ -39,12 +39,12 @@ import torch.multiprocessing as tmp
 
 from dataflow.errors import DataflowError, WorkerDied
 from dataflow.loading.plan import BatchPlan
-from dataflow.loading.stages import STAGES, BatchTiming, Hook, add_seconds, track_name
+from dataflow.loading.stages import FIELDS, BatchTiming, Hook, add_seconds, track_name
 
 PAGE = 4096
 POLL_S = 0.05
 PARENT_CHECK_S = 1.0  # how often an idle worker checks that its parent is alive
-_JOB, _BATCH, _ROWS, _STATE, _STAGES = 0, 1, 2, 3, 4  # columns of the slot table; stage seconds from _STAGES
+_JOB, _BATCH, _ROWS, _STATE, _STAGES = 0, 1, 2, 3, 4  # columns of the slot table; then its FIELDS
 FREE, FILLED, LENT = 0.0, 1.0, 2.0  # slot states
 
 
@@ -140,7 +140,7 @@ class _Shared:
 
     slots: list[int]  # this worker's slots
     fills: torch.Tensor  # int64 [len(slots)]: the slot of this worker's k-th batch of a job, at k % len(slots)
-    table: torch.Tensor  # float64 [all slots, _STAGES + stages], shared memory
+    table: torch.Tensor  # float64 [all slots, _STAGES + len(FIELDS)], shared memory
     control: torch.Tensor  # int64 [1]: the job the workers should be running (0: none)
     ready: Any  # semaphore: slots filled and not yet taken by the main process
     free: Any  # semaphore: FREE slots not yet taken by the worker
@@ -194,7 +194,7 @@ def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_wor
             hook(BatchTiming(track_name(), t0, time.perf_counter(), len(ids), times))
         row = table[slot]
         row[_ROWS] = len(ids)
-        for i, name in enumerate(STAGES):
+        for i, name in enumerate(FIELDS):
             row[_STAGES + i] = times.get(name, 0.0)
         row[_JOB], row[_BATCH] = job, b
         row[_STATE] = FILLED  # last: the row is this batch's once it reads FILLED with this job and batch
@@ -217,7 +217,7 @@ class WorkerPool:
         ctx = tmp.get_context(context) if isinstance(context, str) or context is None else context
         if context is None:
             ctx = tmp.get_context("fork" if "fork" in tmp.get_all_start_methods() else "spawn")
-        table = torch.zeros((self.ring.slots, _STAGES + len(STAGES)), dtype=torch.float64).share_memory_()
+        table = torch.zeros((self.ring.slots, _STAGES + len(FIELDS)), dtype=torch.float64).share_memory_()
         table[:, _JOB] = -1
         control = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._table, self._control = table.numpy(), control.numpy()
@@ -313,7 +313,7 @@ class WorkerPool:
         if row[_STATE] != FILLED or row[_JOB] != job or row[_BATCH] != b:
             self._ended(w, b)  # posted without filling a slot: it failed
             raise DataflowError(f"loader worker {w} posted batch {b} without filling it (protocol error)")
-        add_seconds(self.stage_by_worker[w], dict(zip(STAGES, row[_STAGES:].tolist())))
+        add_seconds(self.stage_by_worker[w], dict(zip(FIELDS, row[_STAGES:].tolist())))
         return slot, int(row[_ROWS])
 
     def _ended(self, w: int, b: int) -> None:

@@ -22,7 +22,7 @@ from dataflow.errors import ConfigError, DataflowError
 from dataflow.loading.dataset import StreamingDataset
 from dataflow.loading.handoff import WorkerPool
 from dataflow.loading.plan import BatchPlan
-from dataflow.loading.stages import BatchTiming, Hook, add_seconds, track_name
+from dataflow.loading.stages import COUNTS, STAGES, BatchTiming, Hook, add_seconds, track_name
 
 
 @dataclass
@@ -174,16 +174,29 @@ class StreamingDataLoader:
     # --- stage figures, shutdown, state -----------------------------------------------------------
     @property
     def stage_seconds(self) -> dict[str, float]:
-        """Time per pipeline stage since the loader was made (fetch, read/decompress, shuffle, collate),
+        """Time per pipeline stage since the loader was made (shuffle, fetch, decode, read, collate),
         summed over workers (or spent in the main process without workers); kept across epochs."""
-        out = dict(self._stages)
-        for d in self.stage_seconds_by_worker.values():
-            add_seconds(out, d)
-        return out
+        return {k: v for k, v in self._totals().items() if k in STAGES}
 
     @property
     def stage_seconds_by_worker(self) -> dict[int, dict[str, float]]:
         """`stage_seconds` of each worker process (a slow or starved worker stands out)."""
+        return {w: {k: v for k, v in d.items() if k in STAGES} for w, d in self._by_worker().items()}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Events since the loader was made, all workers together: zstd shards decoded into the shared
+        cache by this loader's processes (`shards_decoded`), and decoded copies found there (`decode_hits`)."""
+        totals = self._totals()
+        return {k: int(totals.get(k, 0)) for k in COUNTS}
+
+    def _totals(self) -> dict[str, float]:
+        out = dict(self._stages)
+        for d in self._by_worker().values():
+            add_seconds(out, d)
+        return out
+
+    def _by_worker(self) -> dict[int, dict[str, float]]:
         out = {w: dict(d) for w, d in self._stages_by_worker.items()}
         for w, d in enumerate(self._pool.stage_by_worker if self._pool else []):
             add_seconds(out.setdefault(w, {}), d)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dataflow.errors import FormatError
-from dataflow.formats.arrow import ArrowShard
+from dataflow.formats.arrow import SOURCE_KEY, ArrowShard
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.tar import parse_tar_documents, read_tar_stream
 
@@ -34,12 +34,16 @@ class OpenShard:
     manifest entry allows.
     """
 
-    def __init__(self, path: str, fmt: str, info: ShardInfo, vocab_size: int, dtype: str):
-        self.path = path
+    def __init__(self, path: str, fmt: str, info: ShardInfo, vocab_size: int, dtype: str,
+                 decoded_from: str | None = None, name: str | None = None):
+        self.path, self.name = path, name or path  # the file read; the shard as the user knows it
         self.vocab_size, self.dtype = vocab_size, np.dtype(dtype)
         self.batches: dict[int, Batch] = {}
         if fmt == "arrow":
             self._arrow: ArrowShard | None = ArrowShard(path)
+            if decoded_from is not None and self._arrow.metadata(SOURCE_KEY) != decoded_from:
+                raise FormatError(f"{path}: this decoded copy is not of the shard the manifest names (sha256 "
+                                  f"{decoded_from[:12]}...); delete it and it is decoded again")
             self.token_starts = self._arrow.token_starts
             self.doc_starts = self._arrow.doc_starts
         else:
@@ -60,10 +64,10 @@ class OpenShard:
 
     def _checked(self, b: Batch, where: str) -> Batch:
         if b.tokens.dtype != self.dtype:
-            raise FormatError(f"{self.path}: {where} holds {b.tokens.dtype} tokens, the manifest says {self.dtype}; "
+            raise FormatError(f"{self.name}: {where} holds {b.tokens.dtype} tokens, the manifest says {self.dtype}; "
                               f"the shard is not what its manifest describes (run `dataflow verify`)")
         if len(b.tokens) and int(b.tokens.max()) >= self.vocab_size:
-            raise FormatError(f"{self.path}: {where} holds token id {int(b.tokens.max())}, outside the vocabulary "
+            raise FormatError(f"{self.name}: {where} holds token id {int(b.tokens.max())}, outside the vocabulary "
                               f"of {self.vocab_size}; the shard is damaged (run `dataflow verify`, then re-create "
                               f"or re-download it)")
         return b

@@ -13,10 +13,13 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-STAGES = ("shuffle", "fetch", "read", "collate")  # what `StreamingDataset.fill` times, in its order of work
+STAGES = ("shuffle", "fetch", "decode", "read", "collate")  # what `StreamingDataset.fill` times, in order
+COUNTS = ("shards_decoded", "decode_hits")  # events it counts: zstd shards decoded into the cache, copies found
+FIELDS = STAGES + COUNTS  # what a batch reports (seconds, then counts)
 DESCRIPTIONS = {
     "shuffle": "epoch order: locate samples",
     "fetch": "download and open shards",
+    "decode": "decode zstd shards into the shared cache",
     "read": "read and decompress record batches",
     "collate": "pack windows into the batch",
 }
@@ -25,7 +28,8 @@ DESCRIPTIONS = {
 @dataclass(frozen=True)
 class BatchTiming:
     """One batch as built: where (`track`: worker-N or main:<thread>), when (perf_counter, a clock shared
-    by the machine's processes on Linux), how many rows, and the seconds of each stage."""
+    by the machine's processes on Linux), how many rows, and `seconds`: each stage's seconds and the
+    `COUNTS`."""
 
     track: str
     t0: float

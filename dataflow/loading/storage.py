@@ -16,13 +16,16 @@ import os
 import posixpath
 import shutil
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import fsspec
 
 from dataflow.errors import CacheFullError, FormatError, StorageError, cause
+from dataflow.formats.arrow import decode_arrow_shard
+from dataflow.formats.hashing import sha256_file
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats import remote
 from dataflow.formats.remote_errors import explain
@@ -37,6 +40,7 @@ RETRIES = remote.RETRIES  # attempts per download
 PREFETCH_WORKERS = 4  # concurrent background downloads per process
 DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
+DECODED = ".decoded.arrow"  # suffix of a zstd shard's uncompressed copy in the cache
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no retry: waiting frees no space
@@ -85,16 +89,20 @@ class Storage:
         limit = cache_limit if cache_limit is not None else os.environ.get("DATAFLOW_CACHE_LIMIT")
         self.storage_options = dict(storage_options or {})
         self.prefetch_workers, self.retries = max(1, prefetch_workers), max(1, retries)
-        self.cache_root = None
-        if self.remote:
-            tag = hashlib.sha256(self.root.rstrip("/").encode()).hexdigest()[:16]
-            self.cache_root = os.path.join(self.cache_dir, tag)
-        self.cache_limit = _resolve_limit(limit, self.cache_dir if self.remote else None)
+        # remote shards, and decoded copies of local or remote zstd shards, live under this folder
+        key = self.root.rstrip("/") if self.remote else os.path.abspath(self.root)
+        self.cache_root = os.path.join(self.cache_dir, hashlib.sha256(key.encode()).hexdigest()[:16])
+        self._limit_arg = limit
+        # a local dataset's default limit is measured on its first decode (most never touch the cache)
+        self.cache_limit = _resolve_limit(limit, self.cache_dir) if self.remote or limit is not None else None
         self._reset()
 
     def _reset(self) -> None:
         """Per-process state: a fresh start after fork or unpickling (threads and locks do not carry)."""
         self.downloads = 0  # shards this process downloaded
+        self.decodes = 0  # zstd shards this process decoded into the cache (once per machine, all processes)
+        self.decode_hits = 0  # decoded copies this process found already there
+        self.decode_s = 0.0  # seconds this process spent decoding
         self._mu = threading.Lock()
         self._held: dict[str, list[int]] = {}  # entry -> [fd holding LOCK_SH on .inuse, refcount, bytes]
         self._pending: set[str] = set()  # entries queued or running in the prefetch pool
@@ -105,7 +113,7 @@ class Storage:
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("root", "remote", "cache_dir", "cache_limit", "storage_options", "prefetch_workers",
-                "retries", "cache_root")
+                "retries", "cache_root", "_limit_arg")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -118,6 +126,12 @@ class Storage:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __del__(self) -> None:  # a dataset dropped without close(): its lock fds must not leak
+        try:
+            self.close()
+        except Exception:
+            pass
+
     # --- public -----------------------------------------------------------------------------------
     def url(self, shard: ShardInfo) -> str:
         return posixpath.join(self.root.rstrip("/"), shard.path) if self.remote else \
@@ -129,38 +143,29 @@ class Storage:
         if not self.remote:
             return os.path.join(self.root, shard.path)
         path = self._entry(shard)
-        if self._hold_again(path):
-            cache.touch(path)
-            return path
-        fd = lock(path + ".inuse", fcntl.LOCK_SH)  # taken before the check: no eviction after it
-        try:
-            if not cache.complete(path, shard.bytes):
-                self._fetch(shard, path, wait=True)
-            cache.touch(path)
-        except BaseException:
-            unlock(fd)
-            raise
-        with self._mu:
-            held = self._held.setdefault(path, [fd, 0, shard.bytes])
-            held[1] += 1
-        if held[0] != fd:  # another thread of this process got it meanwhile; its lock suffices
-            unlock(fd)
-        return path
+        return self._hold(path, shard.bytes, lambda: cache.complete(path, shard.bytes),
+                          lambda: self._fetch(shard, path, wait=True))
+
+    def decoded_path(self, shard: ShardInfo) -> str:
+        """Blocking: an uncompressed copy of a zstd Arrow shard in the shared cache, decoded once per machine
+        (the first reader decodes under a lock, the others wait and then map it), held until `release`."""
+        path = self._entry(shard) + DECODED
+        hit = [True]
+
+        def decode() -> None:
+            hit[0] = False
+            self._decode(shard, path)
+
+        out = self._hold(path, 2 * shard.tokens, lambda: os.path.exists(path), decode)
+        if hit[0]:
+            self.decode_hits += 1
+        return out
 
     def release(self, shard: ShardInfo) -> None:
-        """The reader is done with the shard: once every `local_path` is released, it may be evicted."""
-        if not self.remote:
-            return
-        path = self._entry(shard)
-        with self._mu:
-            held = self._held.get(path)
-            if held is None:
-                return
-            held[1] -= 1
-            if held[1] > 0:
-                return
-            del self._held[path]
-        unlock(held[0])
+        """The reader is done with the shard: once every `local_path`/`decoded_path` is released, it may be
+        evicted."""
+        for path in (self._entry(shard), self._entry(shard) + DECODED):
+            self._release_entry(path)
 
     def prefetch(self, shards: list[ShardInfo]) -> None:
         """Start downloading these shards in background threads and return at once.
@@ -208,12 +213,75 @@ class Storage:
         return os.path.join(self.cache_root, *[p for p in folder.split("/") if p],
                             f"{shard.sha256[:16].lower()}-{name}")
 
-    def _hold_again(self, path: str) -> bool:
+    def _hold(self, path: str, size: int, ready: Callable[[], bool], make: Callable[[], None]) -> str:
+        """Hold cache entry `path` in use (a shared `.inuse` lock: never evicted meanwhile), making it
+        first when it is not `ready()`; a matching release per call."""
         with self._mu:
             held = self._held.get(path)
             if held is not None:
                 held[1] += 1
-            return held is not None
+        if held is not None:
+            cache.touch(path)
+            return path
+        fd = lock(path + ".inuse", fcntl.LOCK_SH)  # taken before the check: no eviction after it
+        try:
+            if not ready():
+                make()
+            cache.touch(path)
+        except BaseException:
+            unlock(fd)
+            raise
+        with self._mu:
+            held = self._held.setdefault(path, [fd, 0, size])
+            held[1] += 1
+        if held[0] != fd:  # another thread of this process got it meanwhile; its lock suffices
+            unlock(fd)
+        return path
+
+    def _decode(self, shard: ShardInfo, path: str) -> None:
+        """Decode the shard into `path` under its `.dl` lock, unless another process just did; atomic, so
+        a decode killed midway leaves only a partial file that nobody reads (and eviction removes)."""
+        fd = lock(path + ".dl", fcntl.LOCK_EX)
+        try:
+            if os.path.exists(path):
+                return
+            cache.remove_partials(path)
+            bound = 2 * shard.tokens * 4 + shard.documents * 64 + (1 << 20)  # uint32 tokens, offsets, ids
+            if self.cache_limit is None and not self.remote and self._limit_arg is None:
+                self.cache_limit = _resolve_limit(self._limit_arg, self.cache_dir)
+            self._make_room(bound)
+            src = self.local_path(shard)
+            tmp = cache.part_path(path, bound)
+            try:
+                t0 = time.perf_counter()
+                if not self.remote and sha256_file(src) != shard.sha256:  # remote copies were checked on download
+                    raise FormatError(f"{src}: its sha256 does not match the manifest; the shard is damaged "
+                                      f"or was replaced: run `dataflow verify {self.root}`")
+                decode_arrow_shard(src, tmp, shard.sha256)
+                os.replace(tmp, path)
+                self.decodes += 1
+                self.decode_s += time.perf_counter() - t0
+            except OSError as e:
+                if e.errno in _DISK_FULL:
+                    raise self._full(shard, e) from cause(e)
+                raise
+            finally:
+                cache.remove(tmp)
+                if self.remote:
+                    self._release_entry(self._entry(shard))  # the decoded copy serves from now on
+        finally:
+            unlock(fd)
+
+    def _release_entry(self, path: str) -> None:
+        with self._mu:
+            held = self._held.get(path)
+            if held is None:
+                return
+            held[1] -= 1
+            if held[1] > 0:
+                return
+            del self._held[path]
+        unlock(held[0])
 
     def _filesystem(self) -> tuple[Any, str]:
         if self._fs is None or self._fs_pid != os.getpid():

@@ -2,7 +2,7 @@
 
 `StageRecorder(folder)` is a loader `stage_hook`: called for each batch in the process that built it
 (a worker, or the main process without workers), it appends one line
-`pid track t0 t1 rows fetch read shuffle collate` to `folder/stages-<pid>.txt` with a single
+`pid track t0 t1 rows <stage seconds> <counts>` (`loading.stages.FIELDS`) to `folder/stages-<pid>.txt` with a single
 `os.write`. Timestamps are `time.perf_counter()`: a system-wide monotonic clock on Linux, so the
 workers' slices line up with the main process's. Used by `dataflow profile`, not in production loops.
 """
@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
-from dataflow.loading.stages import STAGES, BatchTiming
+from dataflow.loading.stages import COUNTS, FIELDS, STAGES, BatchTiming
 
 
 class StageRecorder:
@@ -33,7 +33,7 @@ class StageRecorder:
             path = os.path.join(self.folder, f"stages-{os.getpid()}.txt")
             self._fd = (os.getpid(), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
         line = (f"{os.getpid()} {t.track} {t.t0:.9f} {t.t1:.9f} {t.rows} "
-                + " ".join(f"{t.seconds.get(k, 0.0):.9f}" for k in STAGES) + "\n")
+                + " ".join(f"{t.seconds.get(k, 0.0):.9f}" for k in FIELDS) + "\n")
         os.write(self._fd[1], line.encode())
 
 
@@ -44,13 +44,14 @@ def read_stage_events(folder: str, since: float = 0.0) -> list[dict[str, Any]]:
         with open(path) as f:
             for line in f:
                 parts = line.split()
-                if len(parts) != 5 + len(STAGES):
+                if len(parts) != 5 + len(FIELDS):
                     continue  # a line cut short by a killed worker
                 t0 = float(parts[2])
                 if t0 >= since:
                     events.append({"pid": int(parts[0]), "track": parts[1], "t0": t0, "t1": float(parts[3]),
                                    "rows": int(parts[4]),
-                                   "stages": {k: float(v) for k, v in zip(STAGES, parts[5:])}})
+                                   "stages": {k: float(v) for k, v in zip(STAGES, parts[5:])},
+                                   "counts": {k: int(float(v)) for k, v in zip(COUNTS, parts[5 + len(STAGES):])}})
     events.sort(key=lambda e: e["t0"])
     return events
 

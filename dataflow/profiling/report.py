@@ -63,6 +63,11 @@ def format_run(r: dict[str, Any]) -> list[str]:
     s, run = r["settings"], r["run"]
     lines = [f"  settings        num_workers={s['num_workers']} depth={s['depth']} "
              f"prefetch_factor={s['prefetch_factor']} device={s['device']}; first batch after {r['startup_s']:.2f} s"]
+    d = r.get("decode") or {}
+    if d.get("shards_decoded") or d.get("decode_hits"):
+        per = f", {d['ms_per_shard']:.0f} ms each" if d.get("ms_per_shard") else ""
+        lines.append(f"  decoded cache   {d['shards_decoded']} zstd shards decoded{per}; {d['decode_hits']} found "
+                     f"decoded already (shared by every worker and rank of the machine)")
     if "capacity" in r:
         c = r["capacity"]
         lines.append(f"  capacity        {c['batches_per_s']:.1f} batches/s, {_rate(c['tokens_per_s'], 'tokens')} "
