@@ -16,7 +16,6 @@ import os
 import posixpath
 import shutil
 import threading
-import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -24,13 +23,11 @@ from typing import Any, Callable
 import fsspec
 
 from dataflow.errors import CacheFullError, FormatError, StorageError, cause
-from dataflow.formats.arrow import decode_arrow_shard
-from dataflow.formats.hashing import sha256_file
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats import remote
 from dataflow.formats.remote_errors import explain
 from dataflow.formats.writer import parse_size
-from dataflow.loading import cache
+from dataflow.loading import cache, decoded
 from dataflow.loading.cache import lock, unlock
 
 __all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "prefetch_shards"]
@@ -40,7 +37,6 @@ RETRIES = remote.RETRIES  # attempts per download
 PREFETCH_WORKERS = 4  # concurrent background downloads per process
 DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
-DECODED = ".decoded.arrow"  # suffix of a zstd shard's uncompressed copy in the cache
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no retry: waiting frees no space
@@ -149,7 +145,7 @@ class Storage:
     def decoded_path(self, shard: ShardInfo) -> str:
         """Blocking: an uncompressed copy of a zstd Arrow shard in the shared cache, decoded once per machine
         (the first reader decodes under a lock, the others wait and then map it), held until `release`."""
-        path = self._entry(shard) + DECODED
+        path = self._entry(shard) + decoded.SUFFIX
         hit = [True]
 
         def decode() -> None:
@@ -161,11 +157,12 @@ class Storage:
             self.decode_hits += 1
         return out
 
-    def release(self, shard: ShardInfo) -> None:
+    def release(self, shard: ShardInfo, decoded_copy: bool = True) -> None:
         """The reader is done with the shard: once every `local_path`/`decoded_path` is released, it may be
         evicted."""
-        for path in (self._entry(shard), self._entry(shard) + DECODED):
-            self._release_entry(path)
+        self._release_entry(self._entry(shard))
+        if decoded_copy:
+            self._release_entry(self._entry(shard) + decoded.SUFFIX)
 
     def prefetch(self, shards: list[ShardInfo]) -> None:
         """Start downloading these shards in background threads and return at once.
@@ -239,38 +236,21 @@ class Storage:
         return path
 
     def _decode(self, shard: ShardInfo, path: str) -> None:
-        """Decode the shard into `path` under its `.dl` lock, unless another process just did; atomic, so
-        a decode killed midway leaves only a partial file that nobody reads (and eviction removes)."""
-        fd = lock(path + ".dl", fcntl.LOCK_EX)
+        if self.cache_limit is None and not self.remote and self._limit_arg is None:
+            self.cache_limit = _resolve_limit(None, self.cache_dir)  # a local dataset's first use of the cache
+        self._make_room(decoded.size_bound(shard))
         try:
-            if os.path.exists(path):
-                return
-            cache.remove_partials(path)
-            bound = 2 * shard.tokens * 4 + shard.documents * 64 + (1 << 20)  # uint32 tokens, offsets, ids
-            if self.cache_limit is None and not self.remote and self._limit_arg is None:
-                self.cache_limit = _resolve_limit(self._limit_arg, self.cache_dir)
-            self._make_room(bound)
-            src = self.local_path(shard)
-            tmp = cache.part_path(path, bound)
-            try:
-                t0 = time.perf_counter()
-                if not self.remote and sha256_file(src) != shard.sha256:  # remote copies were checked on download
-                    raise FormatError(f"{src}: its sha256 does not match the manifest; the shard is damaged "
-                                      f"or was replaced: run `dataflow verify {self.root}`")
-                decode_arrow_shard(src, tmp, shard.sha256)
-                os.replace(tmp, path)
-                self.decodes += 1
-                self.decode_s += time.perf_counter() - t0
-            except OSError as e:
-                if e.errno in _DISK_FULL:
-                    raise self._full(shard, e) from cause(e)
-                raise
-            finally:
-                cache.remove(tmp)
-                if self.remote:
-                    self._release_entry(self._entry(shard))  # the decoded copy serves from now on
+            seconds = decoded.decode_into(path, shard, lambda: self.local_path(shard), check_source=not self.remote)
+        except OSError as e:
+            if e.errno in _DISK_FULL:
+                raise self._full(shard, e) from cause(e)
+            raise
         finally:
-            unlock(fd)
+            if self.remote:
+                self.release(shard, decoded_copy=False)  # the compressed copy may go: the decoded one serves
+        if seconds:
+            self.decodes += 1
+            self.decode_s += seconds
 
     def _release_entry(self, path: str) -> None:
         with self._mu:
