@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -105,9 +106,11 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from dataflow.formats.inspect import describe, format_description
+    from dataflow.preprocess.decode import decode_documents
 
     root, manifest = _dataset(args.path)
-    info = describe(root, manifest, decode=args.decode)
+    docs = itertools.islice(decode_documents(root, manifest), args.decode) if args.decode else ()
+    info = describe(root, manifest, docs)
     print(json.dumps(info, indent=1, ensure_ascii=False) if args.json else format_description(info))
     return 0
 
@@ -129,7 +132,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     from dataflow.formats.atomic import atomic_open
-    from dataflow.formats.inspect import decode_documents
+    from dataflow.preprocess.decode import decode_documents
 
     root, manifest = _dataset(args.path)
     with contextlib.ExitStack() as stack:  # -o FILE appears whole, or not at all

@@ -68,7 +68,7 @@ def test_decode_to_a_file_shows_progress_and_writes_it_whole(dataset, tmp_path, 
 
 
 def test_decode_failure_leaves_no_partial_output(dataset, tmp_path, capsys, monkeypatch):
-    import dataflow.formats.inspect as inspect_mod
+    import dataflow.preprocess.decode as inspect_mod
 
     def failing(root, manifest):
         yield {"id": "x", "text": "first"}

@@ -8,7 +8,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # package -> packages it must never import
 FORBIDDEN = {
     "dataflow": ("trainer",),
-    "dataflow/formats": ("dataflow.loading", "dataflow.profiling", "trainer"),
+    "dataflow/formats": ("dataflow.loading", "dataflow.preprocess", "dataflow.profiling", "trainer"),
     "dataflow/loading": ("dataflow.profiling", "dataflow.preprocess", "trainer"),
     "dataflow/profiling": ("dataflow.preprocess", "trainer"),
 }

@@ -1,27 +1,19 @@
-"""`dataflow inspect` and `dataflow decode`: a dataset described, and its documents back as text."""
+"""`dataflow inspect`: a dataset described (manifest, shard table, documents decoded by the caller)."""
 
 from __future__ import annotations
 
-import itertools
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 from dataflow.formats.manifest import Manifest
-from dataflow.formats.reader import iter_documents
-from dataflow.preprocess.tokenizers import tokenizer_for_dataset
 
 
-def decode_documents(dataset: str, manifest: Manifest) -> Iterator[dict[str, str]]:
-    """Every document as {"id", "text"}, in stored order."""
-    tok = tokenizer_for_dataset(dataset, manifest.tokenizer)
-    for doc_id, tokens in iter_documents(dataset, manifest):
-        yield {"id": doc_id, "text": tok.decode(tokens)}
-
-
-def describe(dataset: str, manifest: Manifest, decode: int = 0) -> dict[str, Any]:
+def describe(dataset: str, manifest: Manifest, documents: Iterable[dict[str, str]] = ()) -> dict[str, Any]:
+    """The manifest as a dict, with its path and the decoded `documents` to show ({"id", "text"})."""
     d = manifest.to_dict()
     d["path"] = dataset
-    if decode:
-        d["documents"] = list(itertools.islice(decode_documents(dataset, manifest), decode))
+    docs = list(documents)
+    if docs:
+        d["documents"] = docs
     return d
 
 
