@@ -202,3 +202,15 @@ def test_a_damaged_checkpoint_state_is_one_clear_error(tmp_path, state):
     (folder / STATE_FILE).write_text(json.dumps(state))
     with pytest.raises(FormatError, match="step-000003"):
         Checkpointer(str(tmp_path), 1, Dist()).load(str(folder), None, None)
+
+
+@pytest.mark.parametrize("position", [0.3, 0.5, 0.8])
+def test_a_flipped_byte_in_a_local_zstd_shard_is_caught_before_training_on_it(tmp_path, position):
+    """Local zstd shards are decoded once per machine, after their sha256 is checked against the manifest."""
+    path = write(tmp_path / "d", 65536, np.arange(20_000) % 60_000)
+    shard = os.path.join(path, read_manifest(path).shards[0].path)
+    data = bytearray(open(shard, "rb").read())
+    data[int(len(data) * position)] ^= 0x01
+    open(shard, "wb").write(bytes(data))
+    with pytest.raises(FormatError, match="sha256 does not match the manifest"):
+        drain(path)
