@@ -45,10 +45,9 @@ def test_same_batches_as_decompressing_in_each_process(data, tmp_path, workers):
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
     n_shards = len(StreamingDataset(data["zstd"]).shards)
     assert loader.counts["shards_decoded"] == n_shards  # each decoded once, whatever the worker count
-    assert loader.stage_seconds["decode"] > 0
+    assert loader.counts["decode_cpu_s"] > 0 and "decode" in loader.stage_seconds
     again, loader = batches(data["zstd"], tmp_path / "b", workers=workers)
-    assert loader.counts == {"shards_decoded": 0, "decode_hits": loader.counts["decode_hits"]} \
-        and loader.counts["decode_hits"] >= n_shards
+    assert loader.counts["shards_decoded"] == 0 and loader.counts["decode_hits"] >= n_shards
     assert all(torch.equal(a, b) for a, b in zip(again, want))
 
 

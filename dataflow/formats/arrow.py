@@ -144,7 +144,10 @@ def decode_arrow_shard(src: str, dst: str, source_sha256: str) -> int:
     layout, plus the source's sha256 in the schema metadata (so a reader can tell whose copy it is).
     Readers memory-map the copy, so every process of a machine shares its pages. Returns its size."""
     try:
-        reader = pa.ipc.open_file(pa.memory_map(src, "r"), options=pa.ipc.IpcReadOptions(use_threads=False))
+        # the system allocator gives each decompressed batch back to the OS at once, where Arrow's default
+        # pool would keep it: a loader worker that decodes ahead must not grow by what it decoded
+        reader = pa.ipc.open_file(pa.memory_map(src, "r"), options=pa.ipc.IpcReadOptions(use_threads=False),
+                                  memory_pool=pa.system_memory_pool())
         schema = reader.schema.with_metadata({**(reader.schema.metadata or {}), SOURCE_KEY: source_sha256.encode()})
         with pa.OSFile(dst, "wb") as sink:
             with pa.ipc.new_file(sink, schema) as writer:
@@ -152,4 +155,6 @@ def decode_arrow_shard(src: str, dst: str, source_sha256: str) -> int:
                     writer.write_batch(reader.get_batch(i))
     except (pa.ArrowInvalid, OSError) as e:
         raise FormatError(f"{src}: cannot decode this Arrow shard ({e}); run `dataflow verify`") from None
+    finally:
+        pa.system_memory_pool().release_unused()  # glibc keeps freed blocks in its arenas otherwise
     return os.path.getsize(dst)

@@ -25,7 +25,6 @@ from dataflow.loading.mixing import Blend
 from dataflow.loading.plan import BatchPlan, LoaderState
 from dataflow.loading.shards import OpenShard
 from dataflow.loading.shuffle import EpochOrder
-from dataflow.loading.stages import COUNTS
 from dataflow.loading.storage import Storage, prefetch_shards
 
 
@@ -120,6 +119,7 @@ class StreamingDataset(IterableDataset):
                 if w > 0 and self.counts[stream].sum() == 0:
                     raise ConfigError(f"{path} has no sample of seq_len {seq_len}; it cannot be mixed in")
         self._check_not_empty()
+        self._decoded = [decode_once and m.format == "arrow" and m.compression == "zstd" for m in self.manifests]
         self.fingerprint = self._fingerprint()
         self.epoch = 0
         self.consumed = 0  # global samples of this epoch already served; advanced only by an iterator
@@ -128,8 +128,9 @@ class StreamingDataset(IterableDataset):
         self._open: dict[int, OpenShard] = {}
         self._current_blocks: dict[int, tuple[int, int]] = {}  # stream -> (its epoch, block) last read
         self._fetch_s = 0.0  # time opening (and downloading) shards in the current fill
-        self._decoding = dict.fromkeys(("decode", *COUNTS), 0.0)  # decode seconds and counts in the current fill
+        self._decode_wait_s = 0.0  # time waiting for decoded copies in the current fill
         self._blocks_key: tuple = ()
+        self._ahead_key: tuple = ()
 
     def _check_not_empty(self) -> None:
         """A dataset that can yield no sample is a mistake: say why now, not after an empty epoch."""
@@ -245,19 +246,17 @@ class StreamingDataset(IterableDataset):
             t0 = time.perf_counter()
             src, info = self.shards[k]
             m, storage = self.manifests[src], self.storages[src]
-            decoded = self.decode_once and m.format == "arrow" and m.compression == "zstd"
-            before = (storage.decode_s, storage.decodes, storage.decode_hits)
+            decoded = self._decoded[src]
+            t_decode = time.perf_counter()
             path = storage.decoded_path(info) if decoded else storage.local_path(info)
-            d = self._decoding
-            d["decode"] += storage.decode_s - before[0]
-            d["shards_decoded"] += storage.decodes - before[1]
-            d["decode_hits"] += storage.decode_hits - before[2]
+            waited = time.perf_counter() - t_decode if decoded else 0.0
+            self._decode_wait_s += waited
             shard = self._open[k] = OpenShard(path, m.format, info, m.tokenizer.vocab_size, m.dtype,
                                               decoded_from=info.sha256 if decoded else None, name=storage.url(info))
             if shard.token_starts[-1] != info.tokens:
                 raise FormatError(f"{shard.name}: holds {shard.token_starts[-1]} tokens, the manifest says "
                                   f"{info.tokens}; run `dataflow verify`")
-            self._fetch_s += time.perf_counter() - t0 - (storage.decode_s - before[0])
+            self._fetch_s += time.perf_counter() - t0 - waited
         return shard
 
     def _close_shard(self, k: int) -> None:
@@ -275,9 +274,17 @@ class StreamingDataset(IterableDataset):
             keep.update(self.streams[stream][self.order(stream, epoch).block_shards(block)].tolist())
         for k in [k for k in self._open if k not in keep]:
             self._close_shard(k)
-        ahead = [self.shards[k] for stream, (epoch, block) in self._current_blocks.items()
-                 for k in self.streams[stream][self.order(stream, epoch).block_shards(block + 1)].tolist()]
-        prefetch_shards(self.storages, ahead)  # download the next block while this one is read
+
+    def _work_ahead(self) -> None:
+        """When a shuffle block starts: download/decode its shards and the next block's in the background,
+        several at once, while this batch reads the first it needs."""
+        key = tuple(sorted(self._current_blocks.items()))
+        if key == self._ahead_key:
+            return
+        self._ahead_key = key
+        ahead = [self.shards[k] for stream, (epoch, block) in self._current_blocks.items() for b in (block, block + 1)
+                 for k in self.streams[stream][self.order(stream, epoch).block_shards(b)].tolist()]
+        prefetch_shards(self.storages, ahead, self._decoded)
 
     def batch_layout(self, batch_size: int) -> dict[str, tuple[tuple[int, ...], Any]]:
         """Shapes and dtypes of a packed batch (what `fill` writes and a slot of the hand-off ring holds)."""
@@ -290,18 +297,25 @@ class StreamingDataset(IterableDataset):
         """Write the packed windows of global sample `ids` of `epoch` (default: the current one) into the
         first rows of `out` (arrays of `batch_layout`); returns the seconds of each stage (`stages.STAGES`)."""
         self._fetch_s = 0.0
-        self._decoding = dict.fromkeys(self._decoding, 0.0)
+        self._decode_wait_s = 0.0
         t0 = time.perf_counter()
         shard_ids, within = self.locate(ids, epoch)
+        self._work_ahead()
         t1 = time.perf_counter()
         windows = self._windows(shard_ids, within)  # opens shards (fetch) and decompresses batches (read)
         t2 = time.perf_counter()
         self._pack(windows, shard_ids, within, out)
         t3 = time.perf_counter()
         self._evict_read_blocks()
-        opening = self._fetch_s + self._decoding["decode"]
-        return {"shuffle": t1 - t0, "fetch": self._fetch_s, "read": max(t2 - t1 - opening, 0.0), "collate": t3 - t2,
-                **self._decoding}
+        opening = self._fetch_s + self._decode_wait_s
+        return {"shuffle": t1 - t0, "fetch": self._fetch_s, "decode": self._decode_wait_s,
+                "read": max(t2 - t1 - opening, 0.0), "collate": t3 - t2, **self._totals()}
+
+    def _totals(self) -> dict[str, float]:
+        """This process's decoded-cache figures (`stages.TOTALS`), over all sources."""
+        return {"shards_decoded": float(sum(s.decodes for s in self.storages)),
+                "decode_hits": float(sum(s.decode_hits for s in self.storages)),
+                "decode_cpu_s": sum(s.decode_s for s in self.storages)}
 
     def _windows(self, shard_ids: np.ndarray, within: np.ndarray) -> list[np.ndarray]:
         L = self.seq_len
@@ -322,6 +336,7 @@ class StreamingDataset(IterableDataset):
     def documents(self, ids: np.ndarray, epoch: int | None = None) -> dict[str, Any]:
         """Whole documents of global sample `ids` (no `seq_len`): {"tokens": [LongTensor], "id": [str]}."""
         shard_ids, within = self.locate(ids, epoch)
+        self._work_ahead()
         docs = [self._shard(int(k)).document(int(j)) for k, j in zip(shard_ids, within)]
         self._evict_read_blocks()
         return {"tokens": [torch.from_numpy(t.astype(np.int64)) for _, t in docs], "id": [d for d, _ in docs]}
@@ -351,7 +366,7 @@ class StreamingDataset(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_open"], state["_orders"], state["_blocks_key"] = {}, {}, ()  # these stay with their process
+        state["_open"], state["_orders"], state["_blocks_key"], state["_ahead_key"] = {}, {}, (), ()  # per process
         return state
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

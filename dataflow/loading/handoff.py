@@ -39,7 +39,7 @@ import torch.multiprocessing as tmp
 
 from dataflow.errors import DataflowError, WorkerDied
 from dataflow.loading.plan import BatchPlan
-from dataflow.loading.stages import FIELDS, BatchTiming, Hook, add_seconds, track_name
+from dataflow.loading.stages import FIELDS, BatchTiming, Hook, add_batch, track_name
 
 PAGE = 4096
 POLL_S = 0.05
@@ -313,7 +313,7 @@ class WorkerPool:
         if row[_STATE] != FILLED or row[_JOB] != job or row[_BATCH] != b:
             self._ended(w, b)  # posted without filling a slot: it failed
             raise DataflowError(f"loader worker {w} posted batch {b} without filling it (protocol error)")
-        add_seconds(self.stage_by_worker[w], dict(zip(FIELDS, row[_STAGES:].tolist())))
+        add_batch(self.stage_by_worker[w], dict(zip(FIELDS, row[_STAGES:].tolist())))
         return slot, int(row[_ROWS])
 
     def _ended(self, w: int, b: int) -> None:

@@ -22,7 +22,7 @@ from dataflow.errors import ConfigError, DataflowError
 from dataflow.loading.dataset import StreamingDataset
 from dataflow.loading.handoff import WorkerPool
 from dataflow.loading.plan import BatchPlan
-from dataflow.loading.stages import COUNTS, STAGES, BatchTiming, Hook, add_seconds, track_name
+from dataflow.loading.stages import STAGES, TOTALS, BatchTiming, Hook, add_batch, add_seconds, track_name
 
 
 @dataclass
@@ -166,7 +166,7 @@ class StreamingDataLoader:
             out = {k: torch.empty((len(ids), *row), dtype=dtype, pin_memory=pin) for k, (row, dtype) in layout.items()}
             t0 = time.perf_counter()
             times = self.dataset.fill(ids, {k: v.numpy() for k, v in out.items()}, plan.epoch)
-            add_seconds(self._stages, times)
+            add_batch(self._stages, times)
             if self.stage_hook is not None:
                 self.stage_hook(BatchTiming(track_name(), t0, time.perf_counter(), len(ids), times))
             yield out
@@ -184,11 +184,12 @@ class StreamingDataLoader:
         return {w: {k: v for k, v in d.items() if k in STAGES} for w, d in self._by_worker().items()}
 
     @property
-    def counts(self) -> dict[str, int]:
-        """Events since the loader was made, all workers together: zstd shards decoded into the shared
-        cache by this loader's processes (`shards_decoded`), and decoded copies found there (`decode_hits`)."""
+    def counts(self) -> dict[str, float]:
+        """The decoded cache as this loader's processes used it, all together: zstd shards they decoded
+        (`shards_decoded`, in a batch's path or ahead of it), decoded copies they found (`decode_hits`),
+        and the CPU seconds decoding took (`decode_cpu_s`)."""
         totals = self._totals()
-        return {k: int(totals.get(k, 0)) for k in COUNTS}
+        return {k: (totals.get(k, 0.0) if k == "decode_cpu_s" else int(totals.get(k, 0))) for k in TOTALS}
 
     def _totals(self) -> dict[str, float]:
         out = dict(self._stages)

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 STAGES = ("shuffle", "fetch", "decode", "read", "collate")  # what `StreamingDataset.fill` times, in order
-COUNTS = ("shards_decoded", "decode_hits")  # events it counts: zstd shards decoded into the cache, copies found
-FIELDS = STAGES + COUNTS  # what a batch reports (seconds, then counts)
+# running totals of the process that built the batch (the latest value counts, not a sum): zstd shards it
+# decoded into the shared cache (in the batch's path or ahead of it), decoded copies it found, its decode CPU
+TOTALS = ("shards_decoded", "decode_hits", "decode_cpu_s")
+FIELDS = STAGES + TOTALS  # what a batch reports
 DESCRIPTIONS = {
     "shuffle": "epoch order: locate samples",
     "fetch": "download and open shards",
-    "decode": "decode zstd shards into the shared cache",
+    "decode": "wait for zstd shards decoded into the shared cache",
     "read": "read and decompress record batches",
     "collate": "pack windows into the batch",
 }
@@ -29,7 +31,7 @@ DESCRIPTIONS = {
 class BatchTiming:
     """One batch as built: where (`track`: worker-N or main:<thread>), when (perf_counter, a clock shared
     by the machine's processes on Linux), how many rows, and `seconds`: each stage's seconds and the
-    `COUNTS`."""
+    process's `TOTALS`."""
 
     track: str
     t0: float
@@ -46,6 +48,14 @@ def add_seconds(into: dict[str, float], more: dict[str, float]) -> dict[str, flo
     """Add stage seconds into a running total (in place; returns it)."""
     for k, v in more.items():
         into[k] = into.get(k, 0.0) + v
+    return into
+
+
+def add_batch(into: dict[str, float], fields: dict[str, float]) -> dict[str, float]:
+    """Fold one batch's report into a process's running figures: stage seconds add up, `TOTALS` are
+    the process's own running totals and replace the previous ones (in place; returns it)."""
+    for k, v in fields.items():
+        into[k] = v if k in TOTALS else into.get(k, 0.0) + v
     return into
 
 

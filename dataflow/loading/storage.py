@@ -154,7 +154,8 @@ class Storage:
 
         out = self._hold(path, 2 * shard.tokens, lambda: os.path.exists(path), decode)
         if hit[0]:
-            self.decode_hits += 1
+            with self._mu:
+                self.decode_hits += 1
         return out
 
     def release(self, shard: ShardInfo, decoded_copy: bool = True) -> None:
@@ -164,33 +165,35 @@ class Storage:
         if decoded_copy:
             self._release_entry(self._entry(shard) + decoded.SUFFIX)
 
-    def prefetch(self, shards: list[ShardInfo]) -> None:
-        """Start downloading these shards in background threads and return at once.
+    def prefetch(self, shards: list[ShardInfo], decode: bool = False) -> None:
+        """Start downloading these shards (`decode`: and decoding them, see `decoded_path`) in background
+        threads and return at once.
 
-        Cached or already queued shards are skipped; with a cache_limit, shards are taken in order only
-        while they fit beside the shards in use, so download-ahead never evicts what is about to be read.
-        Failures are logged, not raised: `local_path` retries and reports them.
+        Ready or already queued shards are skipped; with a cache_limit, shards are taken in order only
+        while they fit beside the shards in use, so work ahead never evicts what is about to be read.
+        Failures are logged, not raised: `local_path`/`decoded_path` retry and report them.
         """
-        if not self.remote:
+        if not (self.remote or decode):
             return
         with self._mu:
             budget = None if self.cache_limit is None else \
                 self.cache_limit - sum(h[2] for h in self._held.values())
         for shard in shards:
-            path = self._entry(shard)
+            path = self._entry(shard) + (decoded.SUFFIX if decode else "")
             with self._mu:
                 if path in self._held:
                     continue
                 if budget is not None:
-                    budget -= shard.bytes
+                    budget -= 2 * shard.tokens if decode else shard.bytes
                     if budget < 0:
                         return
-                if path in self._pending or cache.complete(path, shard.bytes):
+                ready = os.path.exists(path) if decode else cache.complete(path, shard.bytes)
+                if path in self._pending or ready:
                     continue
                 self._pending.add(path)
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="dataflow-prefetch")
-                self._pool.submit(self._prefetch_one, shard, path)
+                self._pool.submit(self._decode_ahead if decode else self._prefetch_one, shard, path)
 
     def close(self) -> None:
         """Stop background downloads (waiting for those running) and release every shard held."""
@@ -249,8 +252,9 @@ class Storage:
             if self.remote:
                 self.release(shard, decoded_copy=False)  # the compressed copy may go: the decoded one serves
         if seconds:
-            self.decodes += 1
-            self.decode_s += seconds
+            with self._mu:
+                self.decodes += 1
+                self.decode_s += seconds
 
     def _release_entry(self, path: str) -> None:
         with self._mu:
@@ -286,6 +290,16 @@ class Storage:
                 unlock(fd)
         except Exception as e:
             log.warning("download-ahead of %s failed (%s); it is retried when read", self.url(shard), e)
+        finally:
+            with self._mu:
+                self._pending.discard(path)
+
+    def _decode_ahead(self, shard: ShardInfo, path: str) -> None:
+        try:
+            self.decoded_path(shard)
+            self.release(shard)
+        except Exception as e:
+            log.warning("decode-ahead of %s failed (%s); it is retried when read", self.url(shard), e)
         finally:
             with self._mu:
                 self._pending.discard(path)
@@ -379,13 +393,14 @@ def _resolve_limit(limit: int | str | None, cache_dir: str | None) -> int | None
     return cache.default_limit(cache_dir, DEFAULT_SHARE)
 
 
-def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]]) -> None:
-    """Download ahead `(source index, shard)` pairs, as `StreamingDataset.shards` lists them."""
+def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]], decode: list[bool]) -> None:
+    """Download (and for sources with `decode[src]`, decode) ahead `(source index, shard)` pairs, as
+    `StreamingDataset.shards` lists them."""
     by_source: dict[int, list[ShardInfo]] = {}
     for src, info in shards:
         by_source.setdefault(src, []).append(info)
     for src, infos in by_source.items():
-        storages[src].prefetch(infos)
+        storages[src].prefetch(infos, decode=decode[src])
 
 
 def _reset_after_fork() -> None:

@@ -117,13 +117,14 @@ def run_config(s: RunSettings, consumer: Consumer, capacity: bool = True, keep_t
             prefetcher.close()
             loader.close()
         shards, tokens = len(ds.shards), sum(info.tokens for _, info in ds.shards)
-        counts, decode_s = loader.counts, loader.stage_seconds.get("decode", 0.0)
+        counts = loader.counts
     out: dict[str, Any] = {
         "settings": {**asdict(s), "device": device, "warmup": s.warmup_batches},
         "consumer": consumer.description,
         "startup_s": startup,
-        "decode": {**counts, "decode_s": decode_s,  # zstd shards decoded once per machine into the cache
-                   "ms_per_shard": 1e3 * decode_s / counts["shards_decoded"] if counts["shards_decoded"] else None},
+        "decode": {**counts,  # zstd shards decoded once per machine into the cache
+                   "ms_per_shard": 1e3 * counts["decode_cpu_s"] / counts["shards_decoded"]
+                   if counts["shards_decoded"] else None},
         "memory_estimate_mb": memory_estimate_mb(s, tokens, shards, ds.shuffle_window, device.startswith("cuda")),
         "run": run["summary"],
         "stages": run["stages"],

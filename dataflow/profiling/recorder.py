@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
-from dataflow.loading.stages import COUNTS, FIELDS, STAGES, BatchTiming
+from dataflow.loading.stages import FIELDS, STAGES, TOTALS, BatchTiming
 
 
 class StageRecorder:
@@ -51,7 +51,7 @@ def read_stage_events(folder: str, since: float = 0.0) -> list[dict[str, Any]]:
                     events.append({"pid": int(parts[0]), "track": parts[1], "t0": t0, "t1": float(parts[3]),
                                    "rows": int(parts[4]),
                                    "stages": {k: float(v) for k, v in zip(STAGES, parts[5:])},
-                                   "counts": {k: int(float(v)) for k, v in zip(COUNTS, parts[5 + len(STAGES):])}})
+                                   "totals": {k: float(v) for k, v in zip(TOTALS, parts[5 + len(STAGES):])}})
     events.sort(key=lambda e: e["t0"])
     return events
 
