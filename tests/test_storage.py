@@ -132,10 +132,13 @@ def sha256(path):
 
 
 def cache_bytes(cache_dir):
-    """Bytes of shard data in the cache (entries and partial downloads; lock files are empty)."""
+    """Bytes of shard data in the cache (entries and partial downloads; lock files are empty, and the
+    few bytes of a verified entry's `.ok` stamp are not shard data)."""
     total = 0
     for folder, _, names in os.walk(cache_dir):
         for name in names:
+            if name.endswith(".ok"):
+                continue
             try:
                 total += os.path.getsize(os.path.join(folder, name))
             except FileNotFoundError:  # a download renamed or removed meanwhile
@@ -475,3 +478,23 @@ def test_a_server_that_never_answers_is_an_error_not_a_hang(tmp_path, monkeypatc
         assert time.monotonic() - t0 < 60
     finally:
         silent.close()
+
+
+def test_a_file_planted_in_the_cache_is_checked_not_served(server, shards, tmp_path):
+    """A cached file of the right size that no download verified (the reliability issue's H3) is hashed
+    before use; a wrong one is replaced by a fresh download."""
+    cache_dir = str(tmp_path / "cache")
+    st = Storage(server.url, cache_dir)
+    entry = st._entry(shards[0])
+    os.makedirs(os.path.dirname(entry), exist_ok=True)
+    with open(entry, "wb") as f:
+        f.write(b"\0" * shards[0].bytes)
+    path = st.local_path(shards[0])
+    assert hashlib.sha256(open(path, "rb").read()).hexdigest() == shards[0].sha256
+    assert st.downloads == 1
+    st.release(shards[0])
+    st.close()
+    again = Storage(server.url, cache_dir)  # the verified copy is reused without downloading or hashing
+    again.local_path(shards[0])
+    assert again.downloads == 0 and server.gets[f"/ds/{shards[0].path}"] == 1
+    again.close()

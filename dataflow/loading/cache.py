@@ -29,7 +29,7 @@ import time
 _TAG = re.compile(r"[0-9a-f]{16}")
 _ENTRY = re.compile(r"[0-9a-f]{16}-.+")
 _PART = ".part-"
-_LOCK_SUFFIXES = (".inuse", ".dl")
+_LOCK_SUFFIXES = (".inuse", ".dl", ".ok")  # lock files, and the stamp of a verified entry
 
 _fds: set[int] = set()  # every lock fd this process holds open
 _fds_mu = threading.Lock()
@@ -93,6 +93,25 @@ def complete(entry: str, size: int) -> bool:
         return False
 
 
+def stamp(entry: str) -> None:
+    """Record that `entry`, as it is now (this file: device, inode, size), was checked against its sha256."""
+    st = os.stat(entry)
+    tmp = f"{entry}.ok.{os.getpid()}-{threading.get_ident()}"
+    with open(tmp, "w") as f:
+        f.write(f"{st.st_dev}:{st.st_ino}:{st.st_size}")
+    os.replace(tmp, entry + ".ok")
+
+
+def stamped(entry: str) -> bool:
+    """Whether `entry` is the very file `stamp` recorded (a file put there otherwise has another inode)."""
+    try:
+        st = os.stat(entry)
+        with open(entry + ".ok") as f:
+            return f.read() == f"{st.st_dev}:{st.st_ino}:{st.st_size}"
+    except OSError:
+        return False
+
+
 def touch(entry: str) -> None:
     """Record an access for LRU (explicit ns: the kernel's `now` for utime is too coarse)."""
     now = time.time_ns()
@@ -148,6 +167,7 @@ def _delete_if_free(lock_path: str, path: str) -> bool:
         return False
     try:
         os.remove(path)
+        remove(path + ".ok")
         return True
     except FileNotFoundError:
         return False

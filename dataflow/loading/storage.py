@@ -139,7 +139,7 @@ class Storage:
         if not self.remote:
             return os.path.join(self.root, shard.path)
         path = self._entry(shard)
-        return self._hold(path, shard.bytes, lambda: cache.complete(path, shard.bytes),
+        return self._hold(path, shard.bytes, lambda: _verified(path, shard),
                           lambda: self._fetch(shard, path, wait=True))
 
     def decoded_path(self, shard: ShardInfo) -> str:
@@ -187,7 +187,7 @@ class Storage:
                     budget -= 2 * shard.tokens if decode else shard.bytes
                     if budget < 0:
                         return
-                ready = os.path.exists(path) if decode else cache.complete(path, shard.bytes)
+                ready = os.path.exists(path) if decode else _verified(path, shard)
                 if path in self._pending or ready:
                     continue
                 self._pending.add(path)
@@ -282,9 +282,9 @@ class Storage:
         try:
             fd = lock(path + ".inuse", fcntl.LOCK_SH)  # not evictable while it downloads
             try:
-                if not cache.complete(path, shard.bytes):
+                if not _verified(path, shard):
                     self._fetch(shard, path, wait=False)
-                if cache.complete(path, shard.bytes):
+                if _verified(path, shard):
                     cache.touch(path)
             finally:
                 unlock(fd)
@@ -311,14 +311,25 @@ class Storage:
         if fd is None:
             return
         try:
-            if cache.complete(path, shard.bytes):
+            if cache.complete(path, shard.bytes) and (cache.stamped(path) or self._checked_again(shard, path)):
                 return
+            cache.remove(path)  # not the verified download: whatever it is, it is not served
             cache.remove_partials(path)  # left by a downloader that died: we hold `.dl` now
             self._make_room(shard.bytes)
             self._check_space(shard)
             self._download(shard, path)
         finally:
             unlock(fd)
+
+    def _checked_again(self, shard: ShardInfo, path: str) -> bool:
+        """A cached file of the right size that no download here verified (left by an older version, or put
+        there by something else): trusted only if its sha256 matches the manifest."""
+        if _sha256_and_sync(path) != (shard.bytes, shard.sha256):
+            log.warning("%s: the cached copy %s does not match the manifest; downloading it again",
+                        self.url(shard), path)
+            return False
+        cache.stamp(path)
+        return True
 
     def _download(self, shard: ShardInfo, path: str) -> None:
         url = self.url(shard)
@@ -333,6 +344,7 @@ class Storage:
                     raise _Corrupt(f"got {size} bytes with sha256 {digest[:12]}..., the manifest says "
                                    f"{shard.bytes} bytes with sha256 {shard.sha256[:12]}...")
                 os.replace(tmp, path)
+                cache.stamp(path)
                 with self._mu:
                     self.downloads += 1
                 return
@@ -411,6 +423,11 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _verified(entry: str, shard: ShardInfo) -> bool:
+    """A cached shard that a download (or a re-check) here verified against the manifest, unchanged since."""
+    return cache.complete(entry, shard.bytes) and cache.stamped(entry)
 
 
 def _sha256_and_sync(path: str) -> tuple[int, str]:
