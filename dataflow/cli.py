@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("inputs", nargs="+", help="files, globs, folders or fsspec URLs (.jsonl[.gz|.zst], .parquet, .txt)")
     t.add_argument("-o", "--out", required=True, help="output dataset folder")
     t.add_argument("--tokenizer", default="bytes", help="bytes | PATH/URL to tokenizer.json | tiktoken:PATH")
-    t.add_argument("--engine", default="auto", choices=["auto", "hf", "tiktoken"])
+    t.add_argument("--engine", default="auto", choices=["auto", "gigatoken", "tiktoken", "hf"],
+                   help="what encodes a tokenizer.json: auto = the fastest engine proven to give the ids of "
+                   "tokenizers (gigatoken, then tiktoken, then hf = tokenizers itself); naming one forces it")
     t.add_argument("--text-field", default="text")
     t.add_argument("--id-field", default="id")
     t.add_argument("--format", default="arrow", choices=["arrow", "tar"])
