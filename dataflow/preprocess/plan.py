@@ -9,7 +9,7 @@ The cut never changes the output: documents are committed in input order whateve
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 import fsspec
 
@@ -26,9 +26,10 @@ class Unit:
     start: int = 0  # byte range for uncompressed JSONL; row-group range for Parquet
     end: int | None = None
     size: int = 0  # input bytes this unit covers (for progress)
+    data: bytes | None = field(default=None, repr=False, compare=False)  # a decompressed piece, shipped whole
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "data"}
 
 
 def _supports_ranges(fs, path: str) -> bool:

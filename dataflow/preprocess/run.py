@@ -27,9 +27,10 @@ from dataflow.preprocess.commit import commit_unit
 from dataflow.preprocess.executors import run_units, start_local_pool
 from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, plan_units
-from dataflow.preprocess.sources import expand_inputs, read_unit
+from dataflow.preprocess.blocks import read_unit_blocks
+from dataflow.preprocess.sources import expand_inputs
 from dataflow.preprocess.tokenizers import load_tokenizer
-from dataflow.preprocess.worker import UnitSpec
+from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 
 WORK_DIR = "_work"
 
@@ -158,12 +159,12 @@ def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = 256 * 102
     if cfg.tokenizer == "bytes" or not units:
         return []
     texts, total = [], 0
-    for rec in read_unit(units[0], cfg.text_field, cfg.id_field):
-        if rec.text is not None:
-            texts.append(rec.text)
-            total += len(rec.text)
-        if total >= chars:
-            break
+    for block in read_unit_blocks(units[0], cfg.text_field, cfg.id_field):
+        for text in block.texts.drop_null().to_pylist():
+            texts.append(text)
+            total += len(text)
+            if total >= chars:
+                return texts
     return texts
 
 
@@ -249,6 +250,8 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     # a fallback decided here (from the sample) binds the workers; "auto" stays "auto" otherwise
     spec = UnitSpec(cfg.tokenizer, "hf" if tok.engine == "hf" else cfg.engine, cfg.text_field, cfg.id_field,
                     tok.meta.eos_id if cfg.eos else None, tok.meta.dtype)
+    if cfg.executor == "local" and workers <= 1:
+        adopt_tokenizer(spec.tokenizer, spec.engine, tok)
     names = _display_names(files)
     todo = units[progress.next_unit:]
     bar = tqdm(total=sum(u.size for u in units), initial=sum(u.size for u in units[:progress.next_unit]),

@@ -170,7 +170,9 @@ class HFTokenizer(Tokenizer):
                         from None
                 refused.append(f"{name}: {e}")
                 continue
-            self._fast, self._sample_left, self.engine = fast, SAMPLE_CHARS, name
+            # the sample is input text checked in this process: it counts toward the per-process check
+            self._fast, self.engine = fast, name
+            self._sample_left = max(0, SAMPLE_CHARS - sum(map(len, sample)))
             self.engine_reason = (f"{name}: {proof}" + (f" + {len(sample)} sample texts" if sample else "")
                                   + f"; each process also checks its first {SAMPLE_CHARS} characters"
                                   + (f" (not {'; '.join(refused)})" if refused else ""))
