@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--val-fraction", type=float, default=0.0)
     t.add_argument("--no-eos", action="store_true", help="do not append EOS after each document")
     t.add_argument("--max-errors", type=int, default=100, help="bad records tolerated before failing")
-    t.add_argument("--unit-size", default=None, help="input bytes per work unit (uncompressed JSONL is cut into "
-                   "line-aligned ranges of this size); default: about 4 units per worker, at most 32MB")
+    t.add_argument("--unit-size", default=None, help="input bytes per work unit (JSONL is cut into line-aligned "
+                   "pieces of this size, a compressed file as it is decompressed); default: about 4 units per "
+                   "worker, at most 32MB")
     t.add_argument("--num-tasks", type=int, default=1, help="split the job into K task slices (Slurm arrays, ...)")
     t.add_argument("--task-index", type=int, default=0, help="which slice this run does (0-based)")
     t.add_argument("--executor", default="local", choices=["local", "ray"])
