@@ -28,7 +28,7 @@ from dataflow.preprocess.executors import run_units, start_local_pool
 from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, input_bytes, plan_units
 from dataflow.preprocess.progress import InputProgress
-from dataflow.preprocess.sources import expand_inputs
+from dataflow.preprocess.sources import expand_inputs, first_record_fields
 from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 
@@ -168,6 +168,18 @@ def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = 256 * 102
     return texts
 
 
+def _check_text_field(units: list[Unit], text_field: str) -> None:
+    """Fail at once, not after --max-errors bad records, when the first record lacks the text field."""
+    if not units:
+        return
+    fields = first_record_fields(units[0].file, units[0].kind)
+    if fields is not None and text_field not in fields:
+        what = "columns" if units[0].kind == "parquet" else "fields"
+        raise ConfigError(f"--text-field {text_field}: the first record of {units[0].file} has no such field "
+                          f"(its {what}: {', '.join(fields) or 'none'}); pass --text-field with the one that holds "
+                          f"the text")
+
+
 def _display_names(files: list[str]) -> dict[str, str]:
     """Input names relative to their common folder: ids that survive moving the corpus."""
     if len(files) == 1:
@@ -194,6 +206,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     unit_bytes = (journaled.unit_bytes if journaled and journaled.unit_bytes else cfg.unit_bytes
                   or (DEFAULT_UNIT_BYTES if cfg.num_tasks > 1 else auto_unit_bytes(input_bytes(files, sizes), workers)))
     all_units = plan_units(files, unit_bytes, sizes)
+    _check_text_field(all_units, cfg.text_field)
     tok = load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(all_units, cfg))
     lo = cfg.task_index * len(all_units) // cfg.num_tasks
     hi = (cfg.task_index + 1) * len(all_units) // cfg.num_tasks

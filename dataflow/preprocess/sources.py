@@ -123,6 +123,28 @@ def open_decompressed(url: str, seek: bool = False) -> Iterator[IO[bytes]]:
                 yield f
 
 
+def first_record_fields(url: str, kind: str) -> list[str] | None:
+    """The fields of a file's first record (a Parquet file's columns); None when it has none to name
+    (a text file, an empty file, or a first line that is not a JSON object: a bad record, counted later)."""
+    import pyarrow.parquet as pq
+
+    if kind == "parquet":
+        with fsspec.open(url, "rb") as f:
+            try:
+                return list(pq.ParquetFile(f).schema_arrow.names)
+            except Exception:  # not Parquet: the reader says so with the file's name
+                return None
+    if kind != "jsonl":
+        return None
+    with open_decompressed(url) as f:
+        line = f.readline()
+    try:
+        obj = json.loads(line)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return list(obj) if isinstance(obj, dict) else None
+
+
 def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> Record:
     """One JSONL line as a record, or as a bad record saying why (the slow path, for blocks with one)."""
     try:

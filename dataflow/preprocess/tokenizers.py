@@ -318,16 +318,28 @@ def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample:
     source = spec[len("tiktoken:"):] if kind == "tiktoken" else spec
     if kind == "tiktoken" and engine == "hf":
         raise ConfigError(f"{source}: a .tiktoken file runs only on tiktoken; --engine hf needs a tokenizer.json")
-    try:
-        with fsspec.open(source, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ConfigError(f"tokenizer file not found: {source}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{source} is a folder; pass the tokenizer.json (or tiktoken:FILE) inside it") from None
+    data = _read_tokenizer_file(spec, source)
     if kind == "tiktoken":
         return TiktokenTokenizer(source, data, threads=threads)
     return HFTokenizer(source, data, engine=engine, threads=threads, sample=sample)
+
+
+def _read_tokenizer_file(spec: str, source: str) -> bytes:
+    """The bytes of the file a --tokenizer SPEC names; a ConfigError of one line saying what to pass instead."""
+    forms = "; --tokenizer accepts " + ", ".join(SPEC_FORMS)
+    try:
+        with fsspec.open(source, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        if not any(c in spec for c in "/\\.:"):  # a bare name such as `gpt2`: no file, no URL
+            raise ConfigError(f"--tokenizer {spec}: not `bytes` and not a file{forms}") from None
+        raise ConfigError(f"tokenizer file not found: {source}{forms}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source} is a folder; pass the tokenizer.json (or tiktoken:FILE) inside it") from None
+    except (OSError, ValueError) as e:  # permissions, an unknown URL protocol, a failed download
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"--tokenizer {spec}: cannot read {source} ({type(e).__name__}: {first_line}){forms}") \
+            from None
 
 
 def tokenizer_for_dataset(dataset_dir: str, meta: TokenizerMeta) -> Tokenizer:
