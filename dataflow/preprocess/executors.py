@@ -23,8 +23,8 @@ from dataflow.errors import ConfigError
 from dataflow.lifetime import die_with_parent
 from dataflow.preprocess.pieces import expand
 from dataflow.preprocess.plan import Unit
-from dataflow.preprocess.worker import (UnitSpec, UnitStats, tokenize_unit_in_memory, tokenize_unit_to_file,
-                                        worker_tokenizer)
+from dataflow.preprocess.worker import (UnitSpec, UnitStats, tokenize_unit_batches, tokenize_unit_in_memory,
+                                        tokenize_unit_to_file, worker_tokenizer)
 
 
 @dataclass
@@ -86,10 +86,10 @@ def run_units(units: list[Unit], spec: UnitSpec, workers: int, executor: str, sc
         yield from _run_ray(units, spec, workers)
     elif executor != "local":
         raise ConfigError(f"unknown executor {executor!r}; choose local or ray")
-    elif workers <= 1:
+    elif workers <= 1:  # in this process, streamed: each batch is committed as soon as it is tokenized
         for u in units:
-            path = _scratch_path(scratch, u)
-            yield _file_output(u, tokenize_unit_to_file(u, spec, path), path)
+            stats = UnitStats(u.index, 0, 0)
+            yield UnitOutput(_without_data(u), stats, tokenize_unit_batches(u, spec, stats), lambda: None)
     else:
         with pool or start_local_pool(workers, spec.tokenizer, spec.engine) as running:
             yield from _run_pool(units, spec, workers, scratch, running)

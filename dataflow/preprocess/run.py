@@ -29,7 +29,7 @@ from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, 
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, input_bytes, plan_units
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.sources import expand_inputs, first_record_fields
-from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
+from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 
 WORK_DIR = "_work"
@@ -154,8 +154,9 @@ def _refuse_if_different(cfg: TokenizeConfig, previous: dict[str, Any] | None, w
                           f"pass --overwrite to replace it")
 
 
-def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = 256 * 1024) -> list[str]:
-    """The first ~256K characters of real input: they join the tokenizer engine's equivalence proof."""
+def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CHARS) -> list[str]:
+    """The first ~128K characters of real input: they join the tokenizer engine's equivalence proof (and,
+    being input this process checked, stand for the per-process check of processes forked from it)."""
     if cfg.tokenizer == "bytes" or not units:
         return []
     texts, total = [], 0

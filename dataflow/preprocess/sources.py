@@ -136,8 +136,11 @@ def first_record_fields(url: str, kind: str) -> list[str] | None:
                 return None
     if kind != "jsonl":
         return None
-    with open_decompressed(url) as f:
-        line = f.readline()
+    with open_decompressed(url) as f:  # read, not readline: a streamed HTTP file cannot seek back
+        line = b""
+        while b"\n" not in line and (block := f.read(1 << 16)):
+            line += block
+    line = line.split(b"\n", 1)[0]
     try:
         obj = json.loads(line)
     except (UnicodeDecodeError, ValueError):
