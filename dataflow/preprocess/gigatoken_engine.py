@@ -7,8 +7,8 @@ per file and library versions. Special tokens are removed from the file gigatoke
 
 gigatoken 0.10 caches the ids of every distinct piece it has seen, without bound (its issue #36): on
 terabytes of text a worker would grow until the machine runs out of memory. The engine therefore drops
-its tokenizer and loads a fresh one whenever the process has grown by CACHE_BUDGET_BYTES since the
-last load (a load costs ~0.2 s, and the fresh cache refills quickly on real text).
+its tokenizer and loads a fresh one whenever the process has grown by CACHE_BUDGET_BYTES (256 MB) since
+the last load (a load costs ~0.2 s, and the fresh cache refills quickly on real text).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from dataflow.preprocess.flat import Flat, string_buffers
 log = logging.getLogger(__name__)
 Reference = Callable[[list[str]], list[list[int]]]
 
-CACHE_BUDGET_BYTES = 512 << 20  # growth of the process (RSS) that makes the engine start afresh
+# growth of the process (RSS) that makes the engine start afresh; DATAFLOW_GIGATOKEN_CACHE_MB overrides it
+CACHE_BUDGET_BYTES = int(os.environ.get("DATAFLOW_GIGATOKEN_CACHE_MB") or 256) << 20
 CACHE_BUDGET_TEXT = 1 << 30  # text between fresh starts where the RSS cannot be read (not Linux)
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
@@ -73,7 +74,7 @@ class GigatokenEngine:
         except Exception as e:  # gigatoken raises ValueError/RuntimeError for what it does not support
             first_line = (str(e).strip().splitlines() or [""])[0]
             raise NotConvertible(f"gigatoken cannot load it ({type(e).__name__}: {first_line})") from None
-        self._base_rss = _rss_bytes()
+        self._base_rss, self._pid = _rss_bytes(), os.getpid()
         self._text_since = 0
 
     def encode_flat(self, texts: pa.Array) -> Flat:
@@ -99,6 +100,8 @@ class GigatokenEngine:
         """Start afresh once the cache has grown by the budget (or, without RSS, after the text budget)."""
         self._text_since += text_bytes
         rss = _rss_bytes()
+        if os.getpid() != self._pid:  # a forked worker: its growth counts from its own first batch
+            self._base_rss, self._pid = rss, os.getpid()
         grown = rss - self._base_rss > CACHE_BUDGET_BYTES if rss is not None and self._base_rss is not None \
             else self._text_since > CACHE_BUDGET_TEXT
         if grown:
