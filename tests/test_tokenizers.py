@@ -21,7 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from conftest import GPT2_JSON, GPT2_TIKTOKEN
 from dataflow.errors import ConfigError
-from dataflow.preprocess import bpe_convert, gigatoken_engine, tiktoken_engine
+from dataflow.preprocess import bpe_convert, tiktoken_engine
 from dataflow.preprocess import tokenizers as tk
 from dataflow.preprocess.tokenizers import load_tokenizer, tokenizer_for_dataset
 

@@ -216,7 +216,7 @@ def compute_ratios(results: list[dict]) -> dict:
             out[f"raw_tokenizers_{w}"] = x
             out["lines"].append(f"{w} worker(s): ours = {x:.1f}x raw tokenizers (target >= 10x: "
                                 f"{'met' if x >= 10 else 'NOT met'})")
-        peers = [r for r in ok if r["peer"] not in (RAW, OURS[0]) and r["workers"] == w]
+        peers = [r for r in ok if r["peer"] not in (RAW, "raw_gigatoken", OURS[0], "dataflow-zst") and r["workers"] == w]
         if peers:
             best = max(peers, key=lambda r: r["mb_per_s"])
             x = ours["mb_per_s"] / best["mb_per_s"]

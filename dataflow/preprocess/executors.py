@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import queue
 import sys
+import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -97,28 +99,49 @@ def run_units(units: list[Unit], spec: UnitSpec, workers: int, executor: str, sc
 
 def _run_pool(units: Iterable[Unit], spec: UnitSpec, workers: int, scratch: str,
               pool: ProcessPoolExecutor) -> Iterator[UnitOutput]:
-    pending: deque = deque()
-    todo = iter(units)
+    """Outputs in unit order. A feeder thread reads the next units (decompressing a compressed file's
+    pieces) and submits them while this thread commits, so workers are not kept waiting by the commit;
+    at most `2 * workers + 2` units are in flight."""
+    window = 2 * workers + 2
+    pending: queue.Queue = queue.Queue(maxsize=window - 1)  # (future, path, unit), or an exception, or None
+    stop = threading.Event()
 
-    def submit() -> bool:
-        u = next(todo, None)
-        if u is None:
-            return False
-        path = _scratch_path(scratch, u)
-        pending.append((pool.submit(tokenize_unit_to_file, u, spec, path), path, _without_data(u)))
-        return True
+    def feed() -> None:
+        try:
+            for u in units:
+                path = _scratch_path(scratch, u)
+                item = (pool.submit(tokenize_unit_to_file, u, spec, path), path, _without_data(u))
+                while not stop.is_set():
+                    try:
+                        pending.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+                if stop.is_set():
+                    item[0].cancel()
+                    return
+            pending.put(None)
+        except BaseException as e:  # a damaged compressed stream: raised where the outputs are read
+            pending.put(e)
 
-    while len(pending) < workers + 2 and submit():
-        pass
+    feeder = threading.Thread(target=feed, name="dataflow-feeder", daemon=True)
+    feeder.start()
     try:
-        while pending:
-            future, path, unit = pending.popleft()
-            stats = future.result()
-            submit()
-            yield _file_output(unit, stats, path)
+        while (item := pending.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            future, path, unit = item
+            yield _file_output(unit, future.result(), path)
     finally:
-        for future, _, _ in pending:
-            future.cancel()
+        stop.set()
+        while True:  # cancel what was submitted but not committed
+            try:
+                item = pending.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, tuple):
+                item[0].cancel()
+        feeder.join(timeout=5)
 
 
 def _run_ray(units: Iterable[Unit], spec: UnitSpec, workers: int) -> Iterator[UnitOutput]:
