@@ -172,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("inputs", nargs="+", help="files, globs, folders or fsspec URLs (.jsonl[.gz|.zst], .parquet, .txt)")
     t.add_argument("-o", "--out", required=True, help="output dataset folder")
     t.add_argument("--tokenizer", default="bytes", help="bytes | PATH/URL to tokenizer.json | tiktoken:PATH")
-    t.add_argument("--engine", default="auto", choices=["auto", "hf", "tiktoken"])
+    t.add_argument("--engine", default="auto", choices=["auto", "gigatoken", "tiktoken", "hf"],
+                   help="what encodes a tokenizer.json: auto = the fastest engine proven to give the ids of "
+                   "tokenizers (gigatoken, then tiktoken, then hf = tokenizers itself); naming one forces it")
     t.add_argument("--text-field", default="text", help="JSON/Parquet field holding each document's text")
     t.add_argument("--id-field", default="id", help="field holding each document's id (a stable id is derived "
                    "from file and line when absent)")
@@ -188,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(0: one dataset in OUT, no split)")
     t.add_argument("--no-eos", action="store_true", help="do not append EOS after each document")
     t.add_argument("--max-errors", type=int, default=100, help="bad records tolerated before failing")
-    t.add_argument("--unit-size", default=None, help="input bytes per work unit (uncompressed JSONL is cut into "
-                   "line-aligned ranges of this size); default: about 4 units per worker, at most 32MB")
+    t.add_argument("--unit-size", default=None, help="input bytes per work unit (JSONL is cut into line-aligned "
+                   "pieces of this size, a compressed file as it is decompressed); default: about 4 units per "
+                   "worker, at most 32MB")
     t.add_argument("--num-tasks", type=int, default=1, help="split the job into K task slices (Slurm arrays, ...)")
     t.add_argument("--task-index", type=int, default=0, help="which slice this run does (0-based)")
     t.add_argument("--executor", default="local", choices=["local", "ray"], help="local: a process pool; ray: "

@@ -1,4 +1,4 @@
-"""Tokenizers: the tiktoken engine gives exactly the ids of Hugging Face `tokenizers`, or is not used.
+"""Tokenizers: the fast engines (gigatoken, tiktoken) give exactly the ids of Hugging Face `tokenizers`, or are not used.
 
 Real data only: the KJV corpus, GPT-2's tokenizer.json and gpt2.tiktoken, and byte-level BPEs trained
 here on KJV with `tokenizers` (GPT-2-style and Llama-3-style pre-tokenizers).
@@ -21,7 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from conftest import GPT2_JSON, GPT2_TIKTOKEN
 from dataflow.errors import ConfigError
-from dataflow.preprocess import bpe_convert
+from dataflow.preprocess import bpe_convert, tiktoken_engine
 from dataflow.preprocess import tokenizers as tk
 from dataflow.preprocess.tokenizers import load_tokenizer, tokenizer_for_dataset
 
@@ -91,14 +91,20 @@ def variant(src: str, tmp_path, edit) -> str:
 
 # --- the tiktoken engine, proven equal ----------------------------------------------------------
 
-def test_gpt2_auto_picks_tiktoken_and_matches_hf_on_all_kjv(docs, gpt2_ref):
+def test_gpt2_auto_picks_gigatoken_and_matches_hf_on_all_kjv(docs, gpt2_ref):
     tok = load_tokenizer(str(GPT2_JSON))
-    assert tok.engine == "tiktoken", tok.engine_reason
-    assert tok.engine_reason.startswith("tiktoken:") and "probe" in tok.engine_reason
+    assert tok.engine == "gigatoken", tok.engine_reason
+    assert tok.engine_reason.startswith("gigatoken:") and "probe" in tok.engine_reason
     assert (tok.meta.kind, tok.meta.vocab_size, tok.meta.eos_id, tok.meta.dtype) == ("hf", 50257, 50256, "uint16")
     got = tok.encode_batch(docs)
     assert all(g.dtype == np.uint32 for g in got)
     assert same_ids(got, gpt2_ref)
+
+
+def test_gpt2_forced_tiktoken_matches_hf_on_all_kjv(docs, gpt2_ref):
+    tok = load_tokenizer(str(GPT2_JSON), engine="tiktoken")
+    assert tok.engine == "tiktoken" and tok.engine_reason.startswith("tiktoken:"), tok.engine_reason
+    assert same_ids(tok.encode_batch(docs), gpt2_ref)
 
 
 def test_gpt2_probe_and_decode_round_trip(docs):
@@ -110,7 +116,8 @@ def test_gpt2_probe_and_decode_round_trip(docs):
 
 
 def test_kjv_trained_bpe_converts_and_matches(docs, kjv_bpe):
-    tok = load_tokenizer(kjv_bpe)
+    assert load_tokenizer(kjv_bpe).engine == "gigatoken"
+    tok = load_tokenizer(kjv_bpe, engine="tiktoken")
     assert tok.engine == "tiktoken", tok.engine_reason
     assert "vocab tokens" in tok.engine_reason  # ignore_merges off: every token rebuilt by BPE, checked
     assert tok.meta.vocab_size == 2000 and tok.meta.eos_id == 0
@@ -124,11 +131,12 @@ def test_kjv_trained_bpe_converts_and_matches(docs, kjv_bpe):
 
 
 def test_llama3_style_split_regex_with_ignore_merges_converts(docs, kjv_llama3):
-    tok = load_tokenizer(kjv_llama3)
-    assert tok.engine == "tiktoken", tok.engine_reason
-    assert "Split" in tok.engine_reason
-    assert same_ids(tok.encode_batch(docs[2::3]), reference_ids(kjv_llama3, docs[2::3]))
-    assert same_ids(tok.encode_batch(PROBE), reference_ids(kjv_llama3, PROBE))
+    for engine in ("auto", "tiktoken"):
+        tok = load_tokenizer(kjv_llama3, engine=engine)
+        assert tok.engine == ("gigatoken" if engine == "auto" else "tiktoken"), tok.engine_reason
+        assert engine == "auto" or "Split" in tok.engine_reason
+        assert same_ids(tok.encode_batch(docs[2::3]), reference_ids(kjv_llama3, docs[2::3]))
+        assert same_ids(tok.encode_batch(PROBE), reference_ids(kjv_llama3, PROBE))
 
 
 def test_vocab_tokens_without_a_merge(kjv_llama3, kjv_bpe, tmp_path):
@@ -138,24 +146,26 @@ def test_vocab_tokens_without_a_merge(kjv_llama3, kjv_bpe, tmp_path):
         return lambda o: o["model"]["vocab"].update({token: 2000})
     text = ["qzqzqz", "a qzqzqz b qzqzqzq", "Qzqzqz"]
     whole = variant(kjv_llama3, tmp_path, add("qzqzqz"))
-    tok = load_tokenizer(whole)
+    tok = load_tokenizer(whole, engine="tiktoken")
     assert tok.engine == "tiktoken", tok.engine_reason
     assert same_ids(tok.encode_batch(text), reference_ids(whole, text)) and tok.encode_batch(text)[0].tolist() == [2000]
     (tmp_path / "b").mkdir()
     unreachable = variant(kjv_bpe, tmp_path / "b", add("qzqzqz"))
-    tok = load_tokenizer(unreachable)
+    tok = load_tokenizer(unreachable, engine="tiktoken")
     assert tok.engine == "tiktoken" and "1 vocab tokens no merge can make left out" in tok.engine_reason
     assert same_ids(tok.encode_batch(text), reference_ids(unreachable, text))
     (tmp_path / "c").mkdir()
     splittable = variant(kjv_llama3, tmp_path / "c", add("LORDGod"))
-    tok = load_tokenizer(splittable)
-    assert tok.engine == "hf" and "has no merge rule but splits into two ranked tokens" in tok.engine_reason
+    with pytest.raises(ConfigError, match="has no merge rule but splits into two ranked tokens"):
+        load_tokenizer(splittable, engine="tiktoken")
+    for path in (whole, unreachable, splittable):
+        assert same_ids(load_tokenizer(path).encode_batch(text), reference_ids(path, text))
 
 
 def test_endoftext_inside_a_document_is_text_not_eos():
     text = "The end.<|endoftext|>The start. <|endoftext|>"
     for tok in (load_tokenizer(str(GPT2_JSON)), load_tokenizer(str(GPT2_JSON), engine="hf"),
-                load_tokenizer(f"tiktoken:{GPT2_TIKTOKEN}")):
+                load_tokenizer(str(GPT2_JSON), engine="tiktoken"), load_tokenizer(f"tiktoken:{GPT2_TIKTOKEN}")):
         ids = tok.encode_batch([text])[0]
         assert 50256 not in ids.tolist(), tok.engine
         assert ids.tolist() == reference_ids(GPT2_JSON, [text])[0]
@@ -180,9 +190,10 @@ def test_bytes_round_trip(docs):
 
 
 def test_threads_give_the_same_ids(docs, gpt2_ref):
-    tok = load_tokenizer(str(GPT2_JSON), threads=2)
-    assert tok.threads == 2 and tok.engine == "tiktoken"
-    assert same_ids(tok.encode_batch(docs[:200]), gpt2_ref[:200])
+    for engine in ("gigatoken", "tiktoken"):
+        tok = load_tokenizer(str(GPT2_JSON), engine=engine, threads=2)
+        assert tok.threads == 2 and tok.engine == engine
+        assert same_ids(tok.encode_batch(docs[:200]), gpt2_ref[:200])
 
 
 def test_hf_threads_in_a_fresh_process(kjv_bpe):
@@ -212,8 +223,8 @@ def test_probe_covers_bytes_whitespace_scripts_and_emoji():
 def test_normalizer_falls_back_to_hf_and_tiktoken_engine_is_an_error(docs, kjv_bpe, tmp_path):
     path = variant(kjv_bpe, tmp_path, lambda o: o.update(normalizer={"type": "NFKC"}))
     tok = load_tokenizer(path)
-    assert tok.engine == "hf"
-    assert tok.engine_reason.startswith("hf:") and "normalizer NFKC" in tok.engine_reason
+    assert tok.engine in ("hf", "gigatoken") and "tiktoken: " in tok.engine_reason
+    assert "normalizer NFKC" in tok.engine_reason
     text = ["ﬁne ① Ａ"] + docs[:20]  # NFKC changes the first one
     assert same_ids(tok.encode_batch(text), reference_ids(path, text))
     with pytest.raises(ConfigError, match=r"tokenizer\.json.*--engine tiktoken.*normalizer NFKC"):
@@ -244,8 +255,8 @@ def _split_with_gaps(o):  # tokenizers keeps unmatched text as pieces, tiktoken 
 ])
 def test_unconvertible_tokenizers_fall_back_with_a_reason(kjv_bpe, tmp_path, edit, reason):
     path = variant(kjv_bpe, tmp_path, edit)
-    tok = load_tokenizer(path)
-    assert tok.engine == "hf" and reason in tok.engine_reason, tok.engine_reason
+    tok = load_tokenizer(path)  # gigatoken may prove itself where tiktoken cannot; the ids are right either way
+    assert tok.engine in ("hf", "gigatoken") and (tok.engine == "gigatoken" or reason in tok.engine_reason)
     text = ["And God said, Let there be light: and there was light. 1234"]
     if reason != "dropout":  # dropout: random ids, from tokenizers as from the reference
         assert same_ids(tok.encode_batch(text), reference_ids(path, text))
@@ -257,7 +268,8 @@ def test_input_sample_is_checked_at_load_and_on_first_batch(kjv_bpe, tmp_path, m
     """A difference only real input shows (the probe disabled here) still sends the work to tokenizers."""
     monkeypatch.setattr(bpe_convert, "probe_texts", lambda extra=(): [])
     monkeypatch.setattr(bpe_convert, "vocab_texts", lambda ranks: [])
-    monkeypatch.setattr(tk, "_PROVEN", {})
+    monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
+    monkeypatch.setattr(tk, "FAST_ENGINES", ("tiktoken",))
     path = variant(kjv_bpe, tmp_path, _split_with_gaps)
     text = ["Let there be light: and there was light."]  # ':' and '.' fall between the regex's matches
     want = reference_ids(path, text)
@@ -286,16 +298,17 @@ def test_vocab_size_is_max_id_plus_one(docs, kjv_bpe, tmp_path):
         last = max(vocab, key=vocab.get)
         vocab[last] = 70000
     path = variant(kjv_bpe, tmp_path, sparse)
-    tok = load_tokenizer(path)
-    assert tok.meta.vocab_size == 70001 and tok.meta.dtype == "uint32"
-    assert tok.engine == "tiktoken", tok.engine_reason
-    assert same_ids(tok.encode_batch(docs[:100]), reference_ids(path, docs[:100]))
+    for engine in ("auto", "tiktoken"):
+        tok = load_tokenizer(path, engine=engine)
+        assert tok.meta.vocab_size == 70001 and tok.meta.dtype == "uint32"
+        assert tok.engine != "hf", tok.engine_reason
+        assert same_ids(tok.encode_batch(docs[:100]), reference_ids(path, docs[:100]))
 
 
 def test_lone_surrogates_encode_as_replacement_character_in_every_engine():
     text = ["bad \ud800 text"]
     want = reference_ids(GPT2_JSON, ["bad \ufffd text"])
-    for engine in ("auto", "hf"):
+    for engine in ("auto", "hf", "gigatoken", "tiktoken"):
         assert same_ids(load_tokenizer(str(GPT2_JSON), engine=engine).encode_batch(text), want)
     assert load_tokenizer("bytes").encode_batch(text)[0].tobytes() == "bad \ufffd text".encode()
 
@@ -316,6 +329,7 @@ def test_dataset_copy_is_enough_to_decode(kjv_bpe, tmp_path):
     ("/nonexistent/tokenizer.json", "auto", "not found: /nonexistent/tokenizer.json"),
     ("bytes", "fast", "unknown engine 'fast'"),
     ("bytes", "tiktoken", "bytes tokenizer"),
+    ("bytes", "gigatoken", "bytes tokenizer"),
     (f"tiktoken:{GPT2_TIKTOKEN}", "hf", "gpt2.tiktoken: a .tiktoken file runs only on tiktoken"),
     (f"tiktoken:{GPT2_JSON}", "auto", "tokenizer.json: not a valid .tiktoken file"),
 ])
@@ -337,12 +351,12 @@ def test_a_proof_is_remembered_per_file_and_engine_versions(tmp_path, monkeypatc
     import dataflow.preprocess.tokenizers as toks
 
     monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path))
-    monkeypatch.setattr(toks, "_PROVEN", {})
-    first = toks.load_tokenizer(str(GPT2_JSON))
+    monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
+    first = toks.load_tokenizer(str(GPT2_JSON), engine="tiktoken")
     assert first.engine == "tiktoken" and "cached" not in first.engine_reason
     assert len(list(tmp_path.iterdir())) == 1
-    monkeypatch.setattr(toks, "_PROVEN", {})  # a new process on the same machine
-    second = toks.load_tokenizer(str(GPT2_JSON))
+    monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})  # a new process on the same machine
+    second = toks.load_tokenizer(str(GPT2_JSON), engine="tiktoken")
     assert second.engine == "tiktoken" and "proof cached on this machine" in second.engine_reason
     text = "Hello <|endoftext|> world 1234"
     assert [a.tolist() for a in second.encode_batch([text])] == [a.tolist() for a in first.encode_batch([text])]
@@ -352,8 +366,8 @@ def test_remembered_ranks_skip_the_conversion_and_a_damaged_record_is_ignored(tm
     import dataflow.preprocess.tokenizers as toks
 
     monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path))
-    monkeypatch.setattr(toks, "_PROVEN", {})
-    first = toks.load_tokenizer(str(GPT2_JSON))
+    monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
+    first = toks.load_tokenizer(str(GPT2_JSON), engine="tiktoken")
     text = ["Hello <|endoftext|> world 1234", "  spaces\tand\nnewlines ünïcödé 🙂"]
     want = [a.tolist() for a in first.encode_batch(text)]
 
@@ -361,15 +375,15 @@ def test_remembered_ranks_skip_the_conversion_and_a_damaged_record_is_ignored(tm
         raise AssertionError("converted again although the ranks were remembered")
 
     monkeypatch.setattr(bpe_convert, "convert", no_conversion)
-    monkeypatch.setattr(toks, "_PROVEN", {})
-    second = toks.load_tokenizer(str(GPT2_JSON))
+    monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
+    second = toks.load_tokenizer(str(GPT2_JSON), engine="tiktoken")
     assert second.engine == "tiktoken" and [a.tolist() for a in second.encode_batch(text)] == want
 
     monkeypatch.undo()
     monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path))
-    monkeypatch.setattr(toks, "_PROVEN", {})
+    monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
     (record,) = tmp_path.iterdir()
     record.write_text(record.read_text()[:1000])  # cut short: not JSON any more
-    third = toks.load_tokenizer(str(GPT2_JSON))
+    third = toks.load_tokenizer(str(GPT2_JSON), engine="tiktoken")
     assert third.engine == "tiktoken" and "cached" not in third.engine_reason
     assert [a.tolist() for a in third.encode_batch(text)] == want

@@ -285,7 +285,7 @@ def vocab_texts(ranks: dict[bytes, int]) -> list[str]:
 
 def first_mismatch(expected: Callable[[list[str]], list[list[int]]],
                    actual: Callable[[list[str]], list[Sequence[int]]],
-                   texts: list[str], label: str) -> str | None:
+                   texts: list[str], label: str, engine: str = "tiktoken") -> str | None:
     """Compare two encoders id for id; None when they agree, else where and how they differ."""
     if not texts:
         return None
@@ -296,7 +296,7 @@ def first_mismatch(expected: Callable[[list[str]], list[list[int]]],
         if w == g:
             continue
         k = next((i for i, (x, y) in enumerate(zip(w, g)) if x != y), min(len(w), len(g)))
-        return (f"{label} text {n} differs at token {k}: tokenizers {w[k:k + 4]}, tiktoken {g[k:k + 4]} "
+        return (f"{label} text {n} differs at token {k}: tokenizers {w[k:k + 4]}, {engine} {g[k:k + 4]} "
                 f"(text {text[:60]!r}{'...' if len(text) > 60 else ''})")
     return None
 
@@ -304,14 +304,18 @@ def first_mismatch(expected: Callable[[list[str]], list[list[int]]],
 CONVERSION_VERSION = 1  # bump when `convert` may derive other ranks or patterns: remembered ones are then unused
 
 
+def proof_cache_dir() -> str:
+    """The folder where engine proofs are remembered on this machine (DATAFLOW_PROOF_CACHE overrides it)."""
+    return os.environ.get("DATAFLOW_PROOF_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dataflow", "engine-proofs")
+
+
 def _proof_path(sha256: str) -> str:
     """Where a proof is remembered: keyed by the file, the conversion and both engines' versions."""
     import tiktoken
     import tokenizers
 
-    root = os.environ.get("DATAFLOW_PROOF_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dataflow", "engine-proofs")
-    return os.path.join(root, f"{sha256}-conv{CONVERSION_VERSION}-tiktoken{tiktoken.__version__}"
+    return os.path.join(proof_cache_dir(), f"{sha256}-conv{CONVERSION_VERSION}-tiktoken{tiktoken.__version__}"
                               f"-tokenizers{tokenizers.__version__}.json")
 
 

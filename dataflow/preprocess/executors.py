@@ -1,13 +1,19 @@
 """Where units run: in this process, on a local process pool, or on a Ray cluster.
 
 Every executor yields unit outputs strictly in unit order, with at most `window` units in flight, so
-the commit side is the same for all of them and memory stays bounded. Scale-out beyond one machine
+the commit side is the same for all of them and memory stays bounded. A compressed JSONL unit is read
+here and handed out as pieces of its decompressed stream (`pieces.py`), one output per piece. Scale-out beyond one machine
 uses an existing engine (Ray, or task slices run by Slurm/Kubernetes), never a home-made cluster.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
 import os
+import queue
+import sys
+import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -17,13 +23,15 @@ import pyarrow as pa
 
 from dataflow.errors import ConfigError
 from dataflow.lifetime import die_with_parent
+from dataflow.preprocess.pieces import expand
 from dataflow.preprocess.plan import Unit
-from dataflow.preprocess.worker import (UnitSpec, UnitStats, tokenize_unit_in_memory, tokenize_unit_to_file,
-                                        worker_tokenizer)
+from dataflow.preprocess.worker import (UnitSpec, UnitStats, tokenize_unit_batches, tokenize_unit_in_memory,
+                                        tokenize_unit_to_file, worker_tokenizer)
 
 
 @dataclass
 class UnitOutput:
+    unit: Unit  # the unit or piece tokenized (without its data)
     stats: UnitStats
     batches: Iterable[pa.RecordBatch]
     cleanup: Callable[[], None]
@@ -34,8 +42,17 @@ def _read_stream(path: str) -> Iterator[pa.RecordBatch]:
         yield from pa.ipc.open_stream(source)
 
 
-def _file_output(stats: UnitStats, path: str) -> UnitOutput:
-    return UnitOutput(stats, _read_stream(path), lambda: os.path.exists(path) and os.remove(path))
+def _file_output(unit: Unit, stats: UnitStats, path: str) -> UnitOutput:
+    return UnitOutput(_without_data(unit), stats, _read_stream(path), lambda: os.path.exists(path) and os.remove(path))
+
+
+def _without_data(unit: Unit) -> Unit:
+    return dataclasses.replace(unit, data=None) if unit.data is not None else unit
+
+
+def _scratch_path(scratch: str, unit: Unit) -> str:
+    return os.path.join(scratch, f"unit-{unit.index:08d}" + (f"-{unit.piece:08d}" if unit.piece >= 0 else "")
+                        + ".arrows")
 
 
 def _warm(tokenizer: str, engine: str) -> None:
@@ -48,61 +65,86 @@ def _started() -> None:
 
 
 def start_local_pool(workers: int, tokenizer: str, engine: str) -> ProcessPoolExecutor:
-    """Worker processes that begin loading the tokenizer at once, while the main process prepares.
-
-    Their engine decision binds nothing: each unit's spec names the engine the main process chose,
-    and a worker loads that one if it differs.
-    """
-    pool = ProcessPoolExecutor(workers, initializer=_warm, initargs=(tokenizer, engine))
+    """Worker processes, started at once, each with the tokenizer of `worker_tokenizer(tokenizer, engine)`:
+    inherited when forked from a process that adopted it, else loaded (and proven) in the worker."""
+    # fork where it is safe (Linux): workers start with the tokenizer this process loaded and proved
+    context = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_warm, initargs=(tokenizer, engine))
     for _ in range(workers):
         pool.submit(_started)
     return pool
 
 
 def run_units(units: list[Unit], spec: UnitSpec, workers: int, executor: str, scratch: str,
-              pool: ProcessPoolExecutor | None = None) -> Iterator[UnitOutput]:
-    """Tokenize `units` and yield their outputs in unit order (on `pool` when one is given)."""
+              pool: ProcessPoolExecutor | None = None, *, piece_bytes: int = 32 << 20,
+              first_piece: int = 0) -> Iterator[UnitOutput]:
+    """Tokenize `units` and yield their outputs in unit order (on `pool` when one is given).
+
+    Compressed JSONL units are cut into pieces of about `piece_bytes`; the first unit resumes at
+    `first_piece`."""
     os.makedirs(scratch, exist_ok=True)
+    units = expand(units, piece_bytes, first_piece)
     if executor == "ray":
         yield from _run_ray(units, spec, workers)
     elif executor != "local":
         raise ConfigError(f"unknown executor {executor!r}; choose local or ray")
-    elif workers <= 1:
+    elif workers <= 1:  # in this process, streamed: each batch is committed as soon as it is tokenized
         for u in units:
-            path = os.path.join(scratch, f"unit-{u.index:08d}.arrows")
-            yield _file_output(tokenize_unit_to_file(u, spec, path), path)
+            stats = UnitStats(u.index, 0, 0)
+            yield UnitOutput(_without_data(u), stats, tokenize_unit_batches(u, spec, stats), lambda: None)
     else:
         with pool or start_local_pool(workers, spec.tokenizer, spec.engine) as running:
             yield from _run_pool(units, spec, workers, scratch, running)
 
 
-def _run_pool(units: list[Unit], spec: UnitSpec, workers: int, scratch: str,
+def _run_pool(units: Iterable[Unit], spec: UnitSpec, workers: int, scratch: str,
               pool: ProcessPoolExecutor) -> Iterator[UnitOutput]:
-    pending: deque = deque()
-    todo = iter(units)
+    """Outputs in unit order. A feeder thread reads the next units (decompressing a compressed file's
+    pieces) and submits them while this thread commits, so workers are not kept waiting by the commit;
+    at most `2 * workers + 2` units are in flight."""
+    window = 2 * workers + 2
+    pending: queue.Queue = queue.Queue(maxsize=window - 1)  # (future, path, unit), or an exception, or None
+    stop = threading.Event()
 
-    def submit() -> bool:
-        u = next(todo, None)
-        if u is None:
-            return False
-        path = os.path.join(scratch, f"unit-{u.index:08d}.arrows")
-        pending.append((pool.submit(tokenize_unit_to_file, u, spec, path), path))
-        return True
+    def feed() -> None:
+        try:
+            for u in units:
+                path = _scratch_path(scratch, u)
+                item = (pool.submit(tokenize_unit_to_file, u, spec, path), path, _without_data(u))
+                while not stop.is_set():
+                    try:
+                        pending.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+                if stop.is_set():
+                    item[0].cancel()
+                    return
+            pending.put(None)
+        except BaseException as e:  # a damaged compressed stream: raised where the outputs are read
+            pending.put(e)
 
-    while len(pending) < workers + 2 and submit():
-        pass
+    feeder = threading.Thread(target=feed, name="dataflow-feeder", daemon=True)
+    feeder.start()
     try:
-        while pending:
-            future, path = pending.popleft()
-            stats = future.result()
-            submit()
-            yield _file_output(stats, path)
+        while (item := pending.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            future, path, unit = item
+            yield _file_output(unit, future.result(), path)
     finally:
-        for future, _ in pending:
-            future.cancel()
+        stop.set()
+        while True:  # cancel what was submitted but not committed
+            try:
+                item = pending.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, tuple):
+                item[0].cancel()
+        feeder.join(timeout=5)
 
 
-def _run_ray(units: list[Unit], spec: UnitSpec, workers: int) -> Iterator[UnitOutput]:
+def _run_ray(units: Iterable[Unit], spec: UnitSpec, workers: int) -> Iterator[UnitOutput]:
     try:
         import ray
     except ImportError:
@@ -114,12 +156,13 @@ def _run_ray(units: list[Unit], spec: UnitSpec, workers: int) -> Iterator[UnitOu
     pending: deque = deque()
     todo = iter(units)
     for u in todo:
-        pending.append(remote.remote(u, spec))
+        pending.append((remote.remote(u, spec), _without_data(u)))
         if len(pending) >= window:
             break
     while pending:
-        stats, batches = ray.get(pending.popleft())
+        ref, unit = pending.popleft()
+        stats, batches = ray.get(ref)
         nxt = next(todo, None)
         if nxt is not None:
-            pending.append(remote.remote(nxt, spec))
-        yield UnitOutput(stats, batches, lambda: None)
+            pending.append((remote.remote(nxt, spec), _without_data(nxt)))
+        yield UnitOutput(unit, stats, batches, lambda: None)

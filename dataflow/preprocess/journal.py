@@ -37,6 +37,7 @@ class Progress:
     version: int = JOURNAL_VERSION
     unit_bytes: int = 0  # the unit cut of this run: a resume must cut the input the same way
     next_unit: int = 0
+    next_piece: int = 0  # pieces of unit next_unit committed (a compressed file, cut as it is read)
     current_file: str | None = None
     records_before: int = 0  # records of current_file committed before next_unit
     documents: int = 0

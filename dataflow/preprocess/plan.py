@@ -1,7 +1,8 @@
 """Work units: the deterministic cut of the inputs into pieces that workers tokenize independently.
 
 Units are numbered in input order. Uncompressed JSONL is cut into byte ranges aligned to line ends
-(so one huge file spreads over all workers), Parquet into row groups, compressed files are whole units.
+(so one huge file spreads over all workers), Parquet into row groups; a compressed JSONL file is one unit
+here, cut into pieces of its decompressed stream as it is read (`pieces.py`).
 The cut depends on the inputs and `unit_bytes` only; by default `unit_bytes` is sized so that every
 worker gets several units (tail imbalance stays small), and a resumed run reuses the cut it started with.
 The cut never changes the output: documents are committed in input order whatever the units.
@@ -9,7 +10,7 @@ The cut never changes the output: documents are committed in input order whateve
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 import fsspec
 
@@ -26,9 +27,15 @@ class Unit:
     start: int = 0  # byte range for uncompressed JSONL; row-group range for Parquet
     end: int | None = None
     size: int = 0  # input bytes this unit covers (for progress)
+    # a piece of a compressed JSONL stream (see pieces.py): its number, its decompressed bytes, whether it
+    # is the stream's last, and how many compressed bytes were read up to its end
+    piece: int = -1
+    data: bytes | None = field(default=None, repr=False, compare=False)
+    last: bool = True
+    read: int = 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "data"}
 
 
 def _supports_ranges(fs, path: str) -> bool:
@@ -53,6 +60,15 @@ def file_sizes(files: list[str]) -> list[int]:
         fs, path = fsspec.core.url_to_fs(file)
         sizes.append(int(fs.size(path) or 0))
     return sizes
+
+
+COMPRESSION_GUESS = 4  # decompressed / compressed bytes of JSONL, to size pieces before reading any
+
+
+def input_bytes(files: list[str], sizes: list[int]) -> int:
+    """About how many bytes the inputs hold decompressed (compressed JSONL guessed at COMPRESSION_GUESS x)."""
+    return sum(size * (COMPRESSION_GUESS if input_kind(f) == "jsonl" and split_compression(f)[1] else 1)
+               for f, size in zip(files, sizes))
 
 
 def auto_unit_bytes(total_bytes: int, workers: int) -> int:

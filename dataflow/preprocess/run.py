@@ -9,27 +9,28 @@ records the progress, so a rerun of the same command continues where a crash sto
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from tqdm import tqdm
+from typing import Any, Iterator
 
 import dataflow
 from dataflow.errors import ConfigError
 from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
+from dataflow.preprocess.blocks import read_unit_blocks
 from dataflow.preprocess.commit import commit_unit
 from dataflow.preprocess.executors import run_units, start_local_pool
 from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, plan_units
-from dataflow.preprocess.sources import expand_inputs, read_unit
-from dataflow.preprocess.tokenizers import load_tokenizer
-from dataflow.preprocess.worker import UnitSpec
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, input_bytes, plan_units
+from dataflow.preprocess.progress import InputProgress
+from dataflow.preprocess.sources import expand_inputs, first_record_fields
+from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
+from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 
 WORK_DIR = "_work"
 
@@ -153,18 +154,31 @@ def _refuse_if_different(cfg: TokenizeConfig, previous: dict[str, Any] | None, w
                           f"pass --overwrite to replace it")
 
 
-def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = 256 * 1024) -> list[str]:
-    """The first ~256K characters of real input: they join the tokenizer engine's equivalence proof."""
+def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CHARS) -> list[str]:
+    """The first ~128K characters of real input: they join the tokenizer engine's equivalence proof (and,
+    being input this process checked, stand for the per-process check of processes forked from it)."""
     if cfg.tokenizer == "bytes" or not units:
         return []
     texts, total = [], 0
-    for rec in read_unit(units[0], cfg.text_field, cfg.id_field):
-        if rec.text is not None:
-            texts.append(rec.text)
-            total += len(rec.text)
-        if total >= chars:
-            break
+    for block in read_unit_blocks(units[0], cfg.text_field, cfg.id_field):
+        for text in block.texts.drop_null().to_pylist():
+            texts.append(text)
+            total += len(text)
+            if total >= chars:
+                return texts
     return texts
+
+
+def _check_text_field(units: list[Unit], text_field: str) -> None:
+    """Fail at once, not after --max-errors bad records, when the first record lacks the text field."""
+    if not units:
+        return
+    fields = first_record_fields(units[0].file, units[0].kind)
+    if fields is not None and text_field not in fields:
+        what = "columns" if units[0].kind == "parquet" else "fields"
+        raise ConfigError(f"--text-field {text_field}: the first record of {units[0].file} has no such field "
+                          f"(its {what}: {', '.join(fields) or 'none'}); pass --text-field with the one that holds "
+                          f"the text")
 
 
 def _display_names(files: list[str]) -> dict[str, str]:
@@ -184,23 +198,16 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     if cfg.overwrite:
         layout.clear()
     workers = cfg.workers or os.cpu_count() or 1
-    pool = None  # started now, so that workers load the tokenizer while this process plans
-    if cfg.executor == "local" and workers > 1 and not layout.finished_manifest():
-        pool = start_local_pool(workers, cfg.tokenizer, cfg.engine)
-    try:
-        return _tokenize(cfg, started, files, layout, workers, pool)
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+    return _tokenize(cfg, started, files, layout, workers)
 
 
-def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int,
-              pool: ProcessPoolExecutor | None) -> Summary:
+def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int) -> Summary:
     journaled = load_progress(layout.work)
     sizes = file_sizes(files)
     unit_bytes = (journaled.unit_bytes if journaled and journaled.unit_bytes else cfg.unit_bytes
-                  or (DEFAULT_UNIT_BYTES if cfg.num_tasks > 1 else auto_unit_bytes(sum(sizes), workers)))
+                  or (DEFAULT_UNIT_BYTES if cfg.num_tasks > 1 else auto_unit_bytes(input_bytes(files, sizes), workers)))
     all_units = plan_units(files, unit_bytes, sizes)
+    _check_text_field(all_units, cfg.text_field)
     tok = load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(all_units, cfg))
     lo = cfg.task_index * len(all_units) // cfg.num_tasks
     hi = (cfg.task_index + 1) * len(all_units) // cfg.num_tasks
@@ -251,21 +258,23 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
                     tok.meta.eos_id if cfg.eos else None, tok.meta.dtype)
     names = _display_names(files)
     todo = units[progress.next_unit:]
-    bar = tqdm(total=sum(u.size for u in units), initial=sum(u.size for u in units[:progress.next_unit]),
-               unit="B", unit_scale=True, desc="tokenize", disable=not cfg.progress, dynamic_ncols=True)
+    bar = InputProgress(units, progress.next_unit, enabled=cfg.progress)
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)
-    with open(layout.errors, "a") as errlog:
-        for out in run_units(todo, spec, workers, cfg.executor, scratch, pool):
-            unit = all_units[out.stats.index]
+    with open(layout.errors, "a") as errlog, _local_pool(cfg, workers, spec, tok) as pool:
+        for out in run_units(todo, spec, workers, cfg.executor, scratch, pool, piece_bytes=unit_bytes,
+                             first_piece=progress.next_piece):
+            unit = all_units[out.unit.index]
             commit_unit(out, unit, names[unit.file], progress, writers, errlog, layout.errors,
                         max_errors=cfg.max_errors, seed=cfg.seed, val_fraction=cfg.val_fraction)
-            progress.next_unit += 1
+            if out.unit.last:  # a whole unit, or the last piece of a compressed one
+                progress.next_unit, progress.next_piece = progress.next_unit + 1, 0
+            else:
+                progress.next_piece = out.unit.piece + 1
             errlog.flush()
             progress.errors_log_bytes = errlog.tell()
             save_progress(layout.work, progress, writers)
-            bar.update(unit.size)
-            bar.set_postfix(docs=progress.documents, tokens=progress.tokens, refresh=False)
+            bar.advance(out.unit, unit.size, progress.documents, progress.tokens)
     bar.close()
     datasets = {}
     for split, w in writers.items():
@@ -280,6 +289,23 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
                    time.perf_counter() - started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
                    resumed_from, len(units), notes)
+
+
+@contextlib.contextmanager
+def _local_pool(cfg: TokenizeConfig, workers: int, spec: UnitSpec, tok: Tokenizer) \
+        -> Iterator[ProcessPoolExecutor | None]:
+    """The worker processes of a local run (None: units run in this process), started once the tokenizer is
+    loaded and proven here: forked workers inherit it and load nothing, spawned ones load it themselves."""
+    if cfg.executor != "local":
+        yield None
+        return
+    adopt_tokenizer(spec.tokenizer, spec.engine, tok)
+    pool = start_local_pool(workers, spec.tokenizer, spec.engine) if workers > 1 else None
+    try:
+        yield pool
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
 
 def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, tok, started: float) -> Summary:

@@ -1,8 +1,8 @@
 """Readers that stream documents out of raw inputs through fsspec.
 
-Each reader yields `Record`s in input order: a document, or a bad record with the reason it is bad
-(so that the caller counts errors in input order and never depends on timing). Nothing reads a whole
-file into memory: JSONL and text are streamed, Parquet is read one row group at a time.
+Listing inputs, opening them decompressed, and the per-record parsing that `blocks` falls back on for a
+block with a bad record: a `Record` is a document, or a bad record with the reason it is bad (so that
+the caller counts errors in input order and never depends on timing).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import zstandard
 from dataflow.errors import InputError
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.plan import Unit
+    import pyarrow as pa
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)
@@ -103,27 +103,8 @@ def _is_input(path: str) -> bool:
         return False
 
 
-def read_unit(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Record]:
-    """Every record of one work unit, in order."""
-    try:
-        if unit.kind == "jsonl":
-            yield from _read_jsonl(unit.file, text_field, id_field, unit.start, unit.end)
-        elif unit.kind == "parquet":
-            yield from _read_parquet(unit.file, text_field, id_field, unit.start, unit.end)
-        else:
-            yield from _read_text(unit.file)
-    except InputError:
-        raise
-    except (OSError, EOFError) as e:
-        raise InputError(f"{unit.file}: cannot read ({type(e).__name__}: {e})") from None
-    except Exception as e:  # zstandard and gzip raise their own error types for damaged streams
-        if type(e).__module__.split(".")[0] in ("zstandard", "gzip", "zlib", "_compression"):
-            raise InputError(f"{unit.file}: damaged compressed stream ({e})") from None
-        raise
-
-
 @contextlib.contextmanager
-def _open(url: str, seek: bool = False) -> Iterator[IO[bytes]]:
+def open_decompressed(url: str, seek: bool = False) -> Iterator[IO[bytes]]:
     """A buffered, line-iterable binary stream of the file's decompressed bytes.
 
     HTTP files are streamed (block_size=0) unless the caller must seek, which needs range requests.
@@ -142,39 +123,33 @@ def _open(url: str, seek: bool = False) -> Iterator[IO[bytes]]:
                 yield f
 
 
-def _read_jsonl(url: str, text_field: str, id_field: str, start: int, end: int | None) -> Iterator[Record]:
-    """Lines whose first byte lies in [start, end)."""
-    with _open(url, seek=start > 0) as f:
-        pos = 0
-        if start > 0:
-            f.seek(start - 1)
-            pos = start - 1
-        lines = _lines(f)
-        if start > 0:
-            pos += len(next(lines, b""))  # skip the line that began in the previous unit
-        index = 0
-        for raw in lines:
-            if end is not None and pos >= end:
-                break
-            pos += len(raw)
-            yield _parse_json_line(raw, index, text_field, id_field)
-            index += 1
+def first_record_fields(url: str, kind: str) -> list[str] | None:
+    """The fields of a file's first record (a Parquet file's columns); None when it has none to name
+    (a text file, an empty file, or a first line that is not a JSON object: a bad record, counted later)."""
+    import pyarrow.parquet as pq
+
+    if kind == "parquet":
+        with fsspec.open(url, "rb") as f:
+            try:
+                return list(pq.ParquetFile(f).schema_arrow.names)
+            except Exception:  # not Parquet: the reader says so with the file's name
+                return None
+    if kind != "jsonl":
+        return None
+    with open_decompressed(url) as f:  # read, not readline: a streamed HTTP file cannot seek back
+        line = b""
+        while b"\n" not in line and (block := f.read(1 << 16)):
+            line += block
+    line = line.split(b"\n", 1)[0]
+    try:
+        obj = json.loads(line)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return list(obj) if isinstance(obj, dict) else None
 
 
-def _lines(f: IO[bytes], chunk: int = 1 << 20) -> Iterator[bytes]:
-    """Lines (with their newline) from a binary stream read in large chunks: works on streams that
-    cannot seek back, as fsspec's readline needs to."""
-    rest = b""
-    while block := f.read(chunk):
-        parts = (rest + block).split(b"\n")
-        rest = parts.pop()
-        for line in parts:
-            yield line + b"\n"
-    if rest:
-        yield rest
-
-
-def _parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> Record:
+def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> Record:
+    """One JSONL line as a record, or as a bad record saying why (the slow path, for blocks with one)."""
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:
@@ -201,7 +176,8 @@ def _checked(rec: Record) -> Record:
     return rec
 
 
-def _read_parquet(url: str, text_field: str, id_field: str, first: int, stop: int | None) -> Iterator[Record]:
+def read_parquet_groups(url: str, text_field: str, id_field: str, first: int, stop: int | None) -> Iterator["pa.Table"]:
+    """Row groups [first, stop) of a Parquet file, with the text column (and the id column when present)."""
     import pyarrow.parquet as pq
 
     with fsspec.open(url, "rb") as f:
@@ -213,24 +189,24 @@ def _read_parquet(url: str, text_field: str, id_field: str, first: int, stop: in
         if text_field not in names:
             raise InputError(f"{url}: no column {text_field!r} (columns: {', '.join(names)})")
         columns = [text_field] + ([id_field] if id_field in names else [])
-        index = 0
         for g in range(first, pf.num_row_groups if stop is None else stop):
-            table = pf.read_row_group(g, columns=columns)
-            texts = table.column(text_field).to_pylist()
-            ids = table.column(id_field).to_pylist() if id_field in names else [None] * len(texts)
-            for text, doc_id in zip(texts, ids):
-                doc_id = None if doc_id is None else str(doc_id)
-                if not isinstance(text, str):
-                    kind = "null" if text is None else type(text).__name__
-                    yield Record(index, doc_id, None, f"field {text_field!r} is {kind}, not a string")
-                else:
-                    yield _checked(Record(index, doc_id, text))
-                index += 1
+            yield pf.read_row_group(g, columns=columns)
 
 
-def _read_text(url: str) -> Iterator[Record]:
+def parquet_records(texts: list, ids: list, text_field: str) -> Iterator[Record]:
+    """Rows of a text column that is not of string type: each one a bad record, or a string (the slow path)."""
+    for index, (text, doc_id) in enumerate(zip(texts, ids)):
+        doc_id = None if doc_id is None else str(doc_id)
+        if not isinstance(text, str):
+            kind = "null" if text is None else type(text).__name__
+            yield Record(index, doc_id, None, f"field {text_field!r} is {kind}, not a string")
+        else:
+            yield _checked(Record(index, doc_id, text))
+
+
+def read_text(url: str) -> Iterator[Record]:
     """One document per text file: the file is the unit of the document, so it is read whole."""
-    with _open(url) as f:
+    with open_decompressed(url) as f:
         raw = f.read()
     try:
         yield Record(0, None, raw.decode("utf-8"))

@@ -1,9 +1,9 @@
-"""Tokenizers behind one small interface: `encode_batch(texts) -> list[np.ndarray]`, `decode(ids)`.
+"""Tokenizers behind one small interface: `encode_flat(arrow_texts) -> (values, offsets)`, `decode(ids)`.
 
 `bytes` is built in (UTF-8 bytes as ids 0-255, EOS 256). A Hugging Face `tokenizer.json` gives the ids
-the `tokenizers` library gives; when it is a byte-level BPE that tiktoken can run exactly (GPT-2,
-Llama-3 and Qwen-style files without a normalizer), tiktoken encodes it, several times faster, once
-the two engines are proven to agree (see `bpe_convert`). `tiktoken:PATH` loads a `.tiktoken` BPE file.
+the `tokenizers` library gives; the fastest engine proven to give the same ids runs it: gigatoken
+(byte-level BPE, SentencePiece-style BPE with byte fallback), then tiktoken (byte-level BPE without a
+normalizer), then `tokenizers` itself. `tiktoken:PATH` loads a `.tiktoken` BPE file.
 Special-token strings inside a document are always encoded as ordinary text: a document never
 injects an EOS. Lone surrogates (invalid Unicode) are encoded as U+FFFD by every engine.
 """
@@ -11,7 +11,6 @@ injects an EOS. Lone surrogates (invalid Unicode) are encoded as U+FFFD by every
 from __future__ import annotations
 
 import abc
-import array
 import base64
 import contextlib
 import hashlib
@@ -19,44 +18,26 @@ import logging
 import os
 import shutil
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import fsspec
 import numpy as np
+import pyarrow as pa
 
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import TokenizerMeta
 from dataflow.preprocess import bpe_convert
 from dataflow.preprocess.bpe_convert import NotConvertible
-
-if TYPE_CHECKING:
-    import tiktoken
+from dataflow.preprocess.flat import Flat, arrow_texts, flat_from_lists, scrub, split_flat, string_buffers
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("auto", "hf", "tiktoken")
-# Input text each process compares against `tokenizers` before it trusts tiktoken alone (~0.1 s).
+ENGINES = ("auto", "hf", "gigatoken", "tiktoken")
+FAST_ENGINES = ("gigatoken", "tiktoken")  # the order --engine auto tries them in
+# Input text each process compares against `tokenizers` before it trusts a fast engine alone (~0.1 s).
 SAMPLE_CHARS = 1 << 17
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
-
-# tokenizer.json sha256 -> (tiktoken Encoding, what its proof covered) or (None, why there is none)
-_PROVEN: dict[str, tuple[tiktoken.Encoding | None, str]] = {}
-
-
-# Python ints -> uint32 array: array.array converts a list about 3x faster than np.array does, and
-# np.frombuffer wraps its buffer without a copy. This is the only per-token work the wrappers add.
-_U32 = "I" if array.array("I").itemsize == 4 else "L"
-
-
-def _to_arrays(id_lists: Sequence[list[int]]) -> list[np.ndarray]:
-    """Each list of ids as a uint32 array."""
-    frombuffer, typed, u32, code = np.frombuffer, array.array, np.uint32, _U32
-    return [frombuffer(typed(code, ids), dtype=u32) for ids in id_lists]
-
-
-def _scrub(text: str) -> str:
-    """The text with lone surrogates replaced by U+FFFD, as tiktoken does; other text unchanged."""
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+SPEC_FORMS = ("bytes", "a path or URL to a Hugging Face tokenizer.json", "tiktoken:PATH (a .tiktoken BPE file)")
 
 
 _ENV_LOCK = threading.Lock()
@@ -87,13 +68,18 @@ class Tokenizer(abc.ABC):
 
     meta: TokenizerMeta
     source: str | None = None  # the tokenizer file (local path or URL); None for `bytes`
-    engine: str = "bytes"  # "bytes" | "hf" | "tiktoken": what encode_batch runs on
+    engine: str = "bytes"  # "bytes" | "hf" | "gigatoken" | "tiktoken": what encodes
     engine_reason: str = ""  # why that engine, for the log
     threads: int = 1  # engine threads per encode_batch call
 
     @abc.abstractmethod
+    def encode_flat(self, texts: pa.Array) -> Flat:
+        """Token ids of every text of a string array without nulls, as flat uint32 values + int64 offsets;
+        special-token strings treated as plain text, no EOS added."""
+
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Token ids of each text, special-token strings treated as plain text, no EOS added."""
+        """Token ids of each text, one array each (the per-document form of encode_flat)."""
+        return split_flat(self.encode_flat(arrow_texts(texts)))
 
     @abc.abstractmethod
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
@@ -117,11 +103,9 @@ class ByteTokenizer(Tokenizer):
         self.meta = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
         self.engine_reason = "bytes: the built-in UTF-8 byte tokenizer"
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        try:
-            return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
-        except UnicodeEncodeError:
-            return [np.frombuffer(_scrub(t).encode("utf-8"), dtype=np.uint8) for t in texts]
+    def encode_flat(self, texts: pa.Array) -> Flat:
+        offsets, data = string_buffers(texts)
+        return data, offsets  # uint8: the ids are the bytes themselves
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = np.asarray(ids)
@@ -131,11 +115,11 @@ class ByteTokenizer(Tokenizer):
 class HFTokenizer(Tokenizer):
     """A Hugging Face `tokenizer.json`: ids are those of `tokenizers` with `encode_special_tokens=True`.
 
-    With engine "auto" the file is converted for tiktoken and the two engines are compared id for id
-    on the probe text, on every vocab token (unless ignore_merges makes whole-piece lookups identical
-    by construction), on `sample`, and on the first SAMPLE_CHARS of text this object encodes; any
-    difference, or a feature tiktoken cannot reproduce, leaves `tokenizers` in charge and says why in
-    `engine_reason`. Engine "tiktoken" turns those reasons into a ConfigError; "hf" skips the proof.
+    With engine "auto" the fastest engine proven to give the same ids encodes: gigatoken, then tiktoken
+    (see their modules for the proofs), each also compared on `sample` and on the first SAMPLE_CHARS
+    of text this object encodes; a difference, or a feature an engine cannot reproduce, moves on to the
+    next one and says why in `engine_reason`, down to `tokenizers` itself. Engine "gigatoken" or
+    "tiktoken" turns those reasons into a ConfigError; "hf" skips the proofs.
     """
 
     def __init__(self, source: str, data: bytes, engine: str = "auto", threads: int = 1,
@@ -163,126 +147,73 @@ class HFTokenizer(Tokenizer):
                                   sha256=self._sha256)
         if threads > 1:  # rayon sizes its pool once per process, at its first parallel call
             os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-        self._enc = None  # the tiktoken Encoding when tiktoken runs
+        self._fast = None  # the proven engine (gigatoken or tiktoken) when one runs
         self._sample_left = 0
         self.engine, self.engine_reason = "hf", "hf: chosen with --engine hf"
         if engine != "hf":
-            self._try_tiktoken(data, list(sample))
+            self._choose_engine(data, [scrub(t) for t in sample])
 
     # --- engine choice ---------------------------------------------------------------------------
 
-    def _try_tiktoken(self, data: bytes, sample: list[str]) -> None:
-        try:
-            enc, proof = self._convert_and_prove(data)
-            why = bpe_convert.first_mismatch(self._reference, _lists(enc), [_scrub(t) for t in sample],
-                                             "input sample")
-            if why:
-                raise NotConvertible(why)
-        except NotConvertible as e:
-            if self._requested == "tiktoken":
-                raise ConfigError(f"{self.source}: --engine tiktoken cannot give this tokenizer's ids: {e}") from None
-            self.engine_reason = f"hf: {e}"
-            log.info("%s: tokenizers encodes (%s)", self.source, e)
-            return
-        self._enc = enc
-        self._sample_left = SAMPLE_CHARS
-        self.engine = "tiktoken"
-        self.engine_reason = (f"tiktoken: {proof}" + (f" + {len(sample)} sample texts" if sample else "")
-                              + f"; each process also checks its first {SAMPLE_CHARS} characters")
-        log.info("%s: %s", self.source, self.engine_reason)
-
-    def _convert_and_prove(self, data: bytes) -> tuple[tiktoken.Encoding, str]:
-        """The tiktoken Encoding and what its proof covered; NotConvertible saying why there is none.
-
-        Both outcomes are kept per file and process: the proof runs once however often the file loads.
-        """
-        if self._sha256 not in _PROVEN:
+    def _choose_engine(self, data: bytes, sample: list[str]) -> None:
+        order = FAST_ENGINES if self._requested == "auto" else (self._requested,)
+        refused = []
+        for name in order:
             try:
-                _PROVEN[self._sha256] = self._proven_before() or self._build_and_prove(data)
+                fast, proof = _BUILDERS[name]().build(data, self._sha256, self._reference, self.threads)
+                why = bpe_convert.first_mismatch(self._reference, fast.lists, sample, "input sample", name)
+                if why:
+                    raise NotConvertible(why)
             except NotConvertible as e:
-                _PROVEN[self._sha256] = (None, str(e))
-        enc, text = _PROVEN[self._sha256]
-        if enc is None:
-            raise NotConvertible(text)
-        return enc, text
+                if self._requested == name:
+                    raise ConfigError(f"{self.source}: --engine {name} cannot give this tokenizer's ids: {e}") \
+                        from None
+                refused.append(f"{name}: {e}")
+                continue
+            # the sample is input text checked in this process: it counts toward the per-process check
+            self._fast, self.engine = fast, name
+            self._sample_left = max(0, SAMPLE_CHARS - sum(map(len, sample)))
+            self.engine_reason = (f"{name}: {proof}" + (f" + {len(sample)} sample texts" if sample else "")
+                                  + f"; each process also checks its first {SAMPLE_CHARS} characters"
+                                  + (f" (not {'; '.join(refused)})" if refused else ""))
+            log.info("%s: %s", self.source, self.engine_reason)
+            return
+        self.engine_reason = "hf: " + "; ".join(refused)
+        log.info("%s: tokenizers encodes (%s)", self.source, self.engine_reason)
 
-    def _proven_before(self) -> tuple[tiktoken.Encoding, str] | None:
-        """The Encoding from the ranks remembered with an earlier proof of the same file on this machine
-        (same conversion and library versions): no conversion, no comparisons. The per-process check
-        of real input still runs."""
-        recalled = bpe_convert.recall_proof(self._sha256)
-        if recalled is None:
-            return None
-        enc = self._encoding(recalled.pat_str, recalled.mergeable_ranks, recalled.special_tokens)
-        return enc, recalled.proof + " (proof cached on this machine)"
-
-    def _encoding(self, pat_str: str, ranks: dict[bytes, int], specials: dict[str, int]) -> tiktoken.Encoding:
-        import tiktoken
-
-        try:
-            return tiktoken.Encoding(f"dataflow-{self._sha256[:12]}", pat_str=pat_str, mergeable_ranks=ranks,
-                                     special_tokens=specials)
-        except Exception as e:  # a regex the tiktoken engine cannot compile, mostly
-            raise NotConvertible(f"tiktoken rejects the conversion ({e})") from None
-
-    def _build_and_prove(self, data: bytes) -> tuple[tiktoken.Encoding, str]:
-        """Convert, build the Encoding and compare it with tokenizers on the probe (and the vocab)."""
-        try:
-            obj = bpe_convert.parse_tokenizer_json(data)
-        except ValueError as e:
-            raise NotConvertible(f"cannot parse the JSON ({e})") from None
-        conv = bpe_convert.convert(obj)
-        enc = self._encoding(conv.pat_str, conv.mergeable_ranks, conv.special_tokens)
-        specials = [t["content"] for t in obj.get("added_tokens") or []]
-        probe = bpe_convert.probe_texts(specials)
-        # Without ignore_merges, tokenizers runs BPE on a piece that is itself a token, where tiktoken
-        # looks it up whole: the two agree on such pieces only if BPE rebuilds every token.
-        vocab_texts = [] if conv.ignore_merges else bpe_convert.vocab_texts(conv.mergeable_ranks)
-        why = (bpe_convert.first_mismatch(self._reference, _lists(enc), probe, "probe")
-               or bpe_convert.first_mismatch(self._reference, _lists(enc), vocab_texts, "vocab token"))
-        if why:
-            raise NotConvertible(why)
-        left_out = f"; {len(conv.skipped)} vocab tokens no merge can make left out" if conv.skipped else ""
-        proof = (f"ranks and split pattern ({conv.pattern_source}) derived from tokenizer.json{left_out}, "
-                 f"equivalence proven on the probe ({len(probe)} texts)"
-                 + (f" + all {len(vocab_texts)} vocab tokens" if vocab_texts else ""))
-        bpe_convert.remember_proof(self._sha256, proof, conv)
-        return enc, proof
-
-    def _check_sample(self, texts: list[str], got: list[np.ndarray]) -> list[np.ndarray]:
+    def _check_sample(self, texts: pa.Array, flat: Flat) -> Flat:
         """Compare the first SAMPLE_CHARS characters this process encodes; on a difference, use tokenizers."""
+        values, offsets = flat
         checked, results = [], []
-        for text, ids in zip(texts, got):
+        for i, text in enumerate(texts[:min(len(texts), 4096)].to_pylist()):
             if self._sample_left <= 0:
                 break
+            ids = values[offsets[i]:offsets[i + 1]].tolist()
             if len(text) > self._sample_left:
                 text = text[:self._sample_left]
-                ids = _to_arrays([self._enc.encode_ordinary(text)])[0]
+                ids = self._fast.lists([text])[0]
             self._sample_left -= len(text)
-            checked.append(_scrub(text))
+            checked.append(text)
             results.append(ids)
-        why = bpe_convert.first_mismatch(self._reference, lambda _: [r.tolist() for r in results], checked, "input")
+        why = bpe_convert.first_mismatch(self._reference, lambda _: results, checked, "input", self.engine)
         if why is None:
-            return got
-        if self._requested == "tiktoken":
-            raise ConfigError(f"{self.source}: --engine tiktoken gives other ids than tokenizers: {why}")
-        log.warning("%s: tiktoken and tokenizers disagree (%s); tokenizers encodes from here on", self.source, why)
-        self._enc, self.engine, self.engine_reason = None, "hf", f"hf: {why}"
-        return self._encode_hf(texts)
+            return flat
+        if self._requested == self.engine:
+            raise ConfigError(f"{self.source}: --engine {self.engine} gives other ids than tokenizers: {why}")
+        log.warning("%s: %s and tokenizers disagree (%s); tokenizers encodes from here on", self.source,
+                    self.engine, why)
+        self._fast, self.engine, self.engine_reason = None, "hf", f"hf: {why}"
+        return self.encode_flat(texts)
 
     # --- encode / decode -------------------------------------------------------------------------
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        texts = texts if isinstance(texts, list) else list(texts)
-        if self._enc is None:
-            return self._encode_hf(texts)
-        out = _to_arrays(_tiktoken_lists(self._enc, texts, self.threads))
+    def encode_flat(self, texts: pa.Array) -> Flat:
+        if self._fast is None:
+            return flat_from_lists(self._hf_lists(texts.to_pylist(), self.threads))
+        flat = self._fast.encode_flat(texts)
         if self._sample_left > 0:
-            out = self._check_sample(texts, out)
-        return out
-
-    def _encode_hf(self, texts: list[str]) -> list[np.ndarray]:
-        return _to_arrays(self._hf_lists(texts, self.threads))
+            flat = self._check_sample(texts, flat)
+        return flat
 
     def _reference(self, texts: list[str]) -> list[list[int]]:
         """The ids the proofs compare against, on this thread: checks never start rayon's pool."""
@@ -296,7 +227,7 @@ class HFTokenizer(Tokenizer):
             else:  # parallel unless TOKENIZERS_PARALLELISM says otherwise (as after a fork)
                 encs = self._tok.encode_batch(texts, add_special_tokens=False)
         except TypeError:  # a lone surrogate: not a Rust string
-            return self._hf_lists([_scrub(t) for t in texts], threads)
+            return self._hf_lists([scrub(t) for t in texts], threads)
         return [e.ids for e in encs]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
@@ -304,22 +235,19 @@ class HFTokenizer(Tokenizer):
         return self._tok.decode(arr[arr != self.meta.eos_id].tolist(), skip_special_tokens=False)
 
 
-def _tiktoken_lists(enc: tiktoken.Encoding, texts: Sequence[str], threads: int) -> list[list[int]]:
-    """tiktoken's ordinary encoding (special-token strings as text) of each text.
+def _gigatoken():
+    from dataflow.preprocess import gigatoken_engine
 
-    One thread: `encode_ordinary` on the calling thread, as `encode_ordinary_batch(num_threads=1)`
-    does minus its per-call thread pool and per-text hand-off (measurably slower). More threads:
-    `encode_ordinary_batch`. Lone surrogates become U+FFFD inside tiktoken.
-    """
-    if threads == 1:
-        encode = enc.encode_ordinary
-        return [encode(t) for t in texts]
-    return enc.encode_ordinary_batch(list(texts), num_threads=threads)
+    return gigatoken_engine
 
 
-def _lists(enc: tiktoken.Encoding) -> Callable[[list[str]], list[list[int]]]:
-    """tiktoken's ids as lists, one engine thread: the side of the proof under test."""
-    return lambda texts: _tiktoken_lists(enc, texts, 1)
+def _tiktoken():
+    from dataflow.preprocess import tiktoken_engine
+
+    return tiktoken_engine
+
+
+_BUILDERS = {"gigatoken": _gigatoken, "tiktoken": _tiktoken}
 
 
 def _find_eos(vocab: dict[str, int], source: str) -> int:
@@ -341,7 +269,7 @@ class TiktokenTokenizer(Tokenizer):
     GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
     def __init__(self, source: str, data: bytes, threads: int = 1) -> None:
-        import tiktoken
+        from dataflow.preprocess.tiktoken_engine import TiktokenEngine, encoding
 
         try:
             ranks = {base64.b64decode(tok, validate=True): int(rank)
@@ -352,8 +280,8 @@ class TiktokenTokenizer(Tokenizer):
         if not ranks:
             raise ConfigError(f"{source}: empty .tiktoken file")
         eos = len(ranks)
-        self._enc = tiktoken.Encoding(name=os.path.basename(source), pat_str=self.GPT2_PATTERN,
-                                      mergeable_ranks=ranks, special_tokens={"<|endoftext|>": eos})
+        self._engine = TiktokenEngine(encoding(os.path.basename(source), self.GPT2_PATTERN, ranks,
+                                               {"<|endoftext|>": eos}), threads)
         self.source = source
         self.threads = threads
         self.engine = "tiktoken"
@@ -361,23 +289,23 @@ class TiktokenTokenizer(Tokenizer):
         self.meta = TokenizerMeta(kind="tiktoken", name=os.path.basename(source), vocab_size=eos + 1,
                                   eos_id=eos, sha256=hashlib.sha256(data).hexdigest())
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        return _to_arrays(_tiktoken_lists(self._enc, texts, self.threads))
+    def encode_flat(self, texts: pa.Array) -> Flat:
+        return self._engine.encode_flat(texts)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = np.asarray(ids)
-        return self._enc.decode(arr[arr != self.meta.eos_id].tolist())
+        return self._engine.enc.decode(arr[arr != self.meta.eos_id].tolist())
 
 
 def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample: Sequence[str] = ()) -> Tokenizer:
     """`bytes`, a path/URL to a `tokenizer.json`, or `tiktoken:PATH`.
 
-    `engine` ("auto", "hf", "tiktoken") picks what encodes a `tokenizer.json`; see HFTokenizer.
+    `engine` ("auto", "hf", "gigatoken", "tiktoken") picks what encodes a `tokenizer.json`; see HFTokenizer.
     `threads` is the number of engine threads per encode_batch call (one per worker process by default).
     `sample` is input text added to the equivalence proof of the auto/tiktoken engine.
     """
     if engine not in ENGINES + ("bytes",):
-        raise ConfigError(f"unknown engine {engine!r}; choose auto, hf or tiktoken")
+        raise ConfigError(f"unknown engine {engine!r}; choose {', '.join(ENGINES)}")
     if not isinstance(threads, int) or threads < 1:
         raise ConfigError(f"tokenizer threads must be a positive integer, got {threads!r}")
     if spec == "bytes":
@@ -390,16 +318,28 @@ def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample:
     source = spec[len("tiktoken:"):] if kind == "tiktoken" else spec
     if kind == "tiktoken" and engine == "hf":
         raise ConfigError(f"{source}: a .tiktoken file runs only on tiktoken; --engine hf needs a tokenizer.json")
-    try:
-        with fsspec.open(source, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ConfigError(f"tokenizer file not found: {source}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{source} is a folder; pass the tokenizer.json (or tiktoken:FILE) inside it") from None
+    data = _read_tokenizer_file(spec, source)
     if kind == "tiktoken":
         return TiktokenTokenizer(source, data, threads=threads)
     return HFTokenizer(source, data, engine=engine, threads=threads, sample=sample)
+
+
+def _read_tokenizer_file(spec: str, source: str) -> bytes:
+    """The bytes of the file a --tokenizer SPEC names; a ConfigError of one line saying what to pass instead."""
+    forms = "; --tokenizer accepts " + ", ".join(SPEC_FORMS)
+    try:
+        with fsspec.open(source, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        if not any(c in spec for c in "/\\.:"):  # a bare name such as `gpt2`: no file, no URL
+            raise ConfigError(f"--tokenizer {spec}: not `bytes` and not a file{forms}") from None
+        raise ConfigError(f"tokenizer file not found: {source}{forms}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source} is a folder; pass the tokenizer.json (or tiktoken:FILE) inside it") from None
+    except (OSError, ValueError) as e:  # permissions, an unknown URL protocol, a failed download
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"--tokenizer {spec}: cannot read {source} ({type(e).__name__}: {first_line}){forms}") \
+            from None
 
 
 def tokenizer_for_dataset(dataset_dir: str, meta: TokenizerMeta) -> Tokenizer:

@@ -15,11 +15,10 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from dataflow.preprocess.blocks import Block, block_of, read_unit_blocks
+from dataflow.preprocess.flat import append_eos, string_buffers
 from dataflow.preprocess.plan import Unit
-from dataflow.preprocess.sources import read_unit
 from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
-
-ENCODE_BATCH_CHARS = 1 << 20  # text handed to the engine at once; also the size of one output batch
 
 
 @dataclass(frozen=True)
@@ -58,48 +57,50 @@ def worker_tokenizer(tokenizer: str, engine: str) -> Tokenizer:
     return _TOKENIZERS[key]
 
 
+def adopt_tokenizer(tokenizer: str, engine: str, tok: Tokenizer) -> None:
+    """Let units tokenized in this process use a tokenizer it has loaded already (one load, one proof)."""
+    _TOKENIZERS[(tokenizer, engine)] = tok
+
+
 def tokenize_unit_batches(unit: Unit, spec: UnitSpec, stats: UnitStats) -> Iterator[pa.RecordBatch]:
-    """Read and tokenize one unit; yields record batches of about ENCODE_BATCH_CHARS of text."""
+    """Read and tokenize one unit; yields one record batch per block of input (about BLOCK_BYTES)."""
     tok = worker_tokenizer(spec.tokenizer, spec.engine)
     schema = unit_schema(spec.dtype)
-    rows: list = []  # (position, id, text or None, error or None)
-    chars = 0
-    for rec in read_unit(unit, spec.text_field, spec.id_field):
-        stats.records += 1
-        rows.append((rec.index, rec.id, rec.text, rec.error))
-        if rec.text is not None:
-            chars += len(rec.text)
-            stats.text_bytes += len(rec.text)
-        if chars >= ENCODE_BATCH_CHARS:
-            yield _encode_rows(rows, tok, spec, schema)
-            rows, chars = [], 0
-    if rows or stats.records == 0:
-        yield _encode_rows(rows, tok, spec, schema)
+    empty = True
+    for block in read_unit_blocks(unit, spec.text_field, spec.id_field):
+        batch, text_bytes = encode_block(block, stats.records, tok, spec, schema)
+        stats.records += len(block)
+        stats.text_bytes += text_bytes
+        empty = False
+        yield batch
+    if empty:
+        yield encode_block(block_of([]), 0, tok, spec, schema)[0]
 
 
-def _encode_rows(rows: list, tok: Tokenizer, spec: UnitSpec, schema: pa.Schema) -> pa.RecordBatch:
-    texts = [r[2] for r in rows if r[2] is not None]
-    encoded = iter(tok.encode_batch(texts))
-    eos = spec.eos_id is not None
-    eos_piece = np.array([spec.eos_id if eos else 0], dtype=spec.dtype)
-    lengths = np.zeros(len(rows), dtype=np.int64)
-    pieces = []
-    for i, r in enumerate(rows):
-        if r[2] is None:
-            continue
-        ids = next(encoded)
-        pieces.append(ids)
-        lengths[i] = len(ids) + eos
-        if eos:
-            pieces.append(eos_piece)
-    values = np.concatenate(pieces).astype(spec.dtype, copy=False) if pieces else np.zeros(0, spec.dtype)
-    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    valid = np.array([r[2] is not None for r in rows], dtype=bool)
-    tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=schema.field("tokens").type.value_type),
-                                      mask=pa.array(~valid))
-    return pa.record_batch([pa.array([r[0] for r in rows], pa.int64()), pa.array([r[1] for r in rows], pa.string()),
-                            tokens, pa.array([r[3] for r in rows], pa.string())], schema=schema)
+def encode_block(block: Block, first: int, tok: Tokenizer, spec: UnitSpec, schema: pa.Schema) \
+        -> tuple[pa.RecordBatch, int]:
+    """One block as a record batch (positions from `first`) and the UTF-8 bytes of its good texts.
+
+    The good texts go to the engine as one Arrow array; its flat ids, EOS added with array operations,
+    become the `tokens` list column directly (a bad record is a null row of length 0)."""
+    n = len(block)
+    good = block.texts.drop_null() if block.texts.null_count else block.texts
+    values, offsets = append_eos(tok.encode_flat(good), spec.eos_id, spec.dtype)
+    if block.texts.null_count:
+        valid = block.texts.is_valid().to_numpy(zero_copy_only=False)
+        lengths = np.zeros(n, dtype=np.int64)
+        lengths[valid] = np.diff(offsets)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        mask = pa.array(~valid)
+    else:
+        mask = None
+    value_type = schema.field("tokens").type.value_type
+    tokens = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type),
+                                      mask=mask)
+    positions = pa.array(np.arange(first, first + n, dtype=np.int64))
+    batch = pa.record_batch([positions, block.ids, tokens, block.errors], schema=schema)
+    return batch, int(string_buffers(good)[0][-1])
 
 
 def tokenize_unit_to_file(unit: Unit, spec: UnitSpec, path: str) -> UnitStats:

@@ -18,7 +18,8 @@ def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="is training input-bound? loader capacity, data wait, stage breakdown",
                        description="Measure the loader alone (capacity), then against a consumer busy --step-ms "
                                    "per step (or the trainer's model with --config); report data wait, where "
-                                   "the loader's time goes, and what to change.")
+                                   "the loader's time goes, and what to change.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("data", nargs="?", help="dataset folder or URL (default with --config: its data.path)")
     p.add_argument("--batch-size", type=int, help="batch size (default with --config: data.batch_size)")
     p.add_argument("--seq-len", type=int, help="sequence length (default with --config: data.seq_len)")
@@ -28,7 +29,7 @@ def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
     consumer = p.add_mutually_exclusive_group(required=True)
     consumer.add_argument("--step-ms", type=float, help="the consumer sleeps this long per step (your step time)")
     consumer.add_argument("--config", help="trainer TOML: run the trainer's real model step as the consumer")
-    p.add_argument("--batches", type=int, default=100, help="batches measured per phase (default 100)")
+    p.add_argument("--batches", type=int, default=100, help="batches measured per phase")
     p.add_argument("--warmup", type=int, default=None, help="batches taken before measuring (default: enough "
                    "to start every worker)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default auto: cuda when present)")

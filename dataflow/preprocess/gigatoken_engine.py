@@ -1,0 +1,208 @@
+"""gigatoken as an engine for a `tokenizer.json`: byte-level BPE and SentencePiece-style BPE with byte fallback.
+
+It is used only once proven to give the ids of `tokenizers` (special-token strings as text) on the probe
+text and on every vocab token; the outcome is kept per file and process and remembered on this machine
+per file and library versions. Special tokens are removed from the file gigatoken loads, so that
+`<|endoftext|>` inside a document is encoded as text, as `tokenizers` does with encode_special_tokens.
+
+gigatoken 0.10 caches the ids of every distinct piece it has seen, without bound (its issue #36): on
+terabytes of text a worker would grow until the machine runs out of memory. The engine therefore drops
+its tokenizer and loads a fresh one whenever the process has grown by CACHE_BUDGET_BYTES (256 MB) since
+the last load (a load costs ~0.2 s, and the fresh cache refills quickly on real text).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from dataflow.formats.atomic import write_json_atomic
+from dataflow.preprocess import bpe_convert
+from dataflow.preprocess.bpe_convert import NotConvertible
+from dataflow.preprocess.flat import Flat, string_buffers
+
+log = logging.getLogger(__name__)
+Reference = Callable[[list[str]], list[list[int]]]
+
+# growth of the process (RSS) that makes the engine start afresh; DATAFLOW_GIGATOKEN_CACHE_MB overrides it
+CACHE_BUDGET_BYTES = int(os.environ.get("DATAFLOW_GIGATOKEN_CACHE_MB") or 256) << 20
+CACHE_BUDGET_TEXT = 1 << 30  # text between fresh starts where the RSS cannot be read (not Linux)
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+# tokenizer.json sha256 -> (engine, what its proof covered) or (None, why there is none)
+_PROVEN: dict[str, tuple["GigatokenEngine | None", str]] = {}
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def engine_json(obj: dict[str, Any]) -> str:
+    """The tokenizer.json gigatoken loads: special added tokens left out, so their text stays text."""
+    obj = dict(obj)
+    obj["added_tokens"] = [t for t in obj.get("added_tokens") or [] if not t.get("special", False)]
+    return json.dumps(obj)
+
+
+class GigatokenEngine:
+    """gigatoken behind the engine interface, its memory bounded by fresh starts."""
+
+    name = "gigatoken"
+
+    def __init__(self, json_text: str, threads: int = 1) -> None:
+        self._json = json_text
+        self.parallel = threads > 1
+        self.restarts = 0  # fresh starts for the memory bound, for tests and the log
+        self._load()
+
+    def _load(self) -> None:
+        import gigatoken
+
+        self._tok = None  # free the old cache before the new tokenizer allocates
+        try:
+            self._tok = gigatoken.Tokenizer.from_json(self._json)
+        except Exception as e:  # gigatoken raises ValueError/RuntimeError for what it does not support
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            raise NotConvertible(f"gigatoken cannot load it ({type(e).__name__}: {first_line})") from None
+        self._base_rss, self._pid = _rss_bytes(), os.getpid()
+        self._text_since = 0
+
+    def encode_flat(self, texts: pa.Array) -> Flat:
+        """Ids of every text of a string array (no nulls) as flat values + offsets, zero-copy both ways."""
+        import awkward as ak
+
+        if len(texts) == 0:
+            return np.zeros(0, np.uint32), np.zeros(1, np.int64)
+        offsets, data = string_buffers(texts)
+        strings = ak.Array(ak.contents.ListOffsetArray(
+            ak.index.Index64(offsets), ak.contents.NumpyArray(data, parameters={"__array__": "char"}),
+            parameters={"__array__": "string"}))
+        layout = ak.to_layout(self._tok.encode_batch(strings, parallel=self.parallel))
+        out_offsets = np.asarray(layout.offsets.data, dtype=np.int64)
+        values = np.asarray(layout.content.data, dtype=np.uint32)[out_offsets[0]:out_offsets[-1]]
+        self._bound(int(data.size))
+        return values, out_offsets - out_offsets[0]
+
+    def lists(self, texts: list[str]) -> list[list[int]]:
+        return self._tok.encode_batch_list(texts, parallel=False)
+
+    def _bound(self, text_bytes: int) -> None:
+        """Start afresh once the cache has grown by the budget (or, without RSS, after the text budget)."""
+        self._text_since += text_bytes
+        rss = _rss_bytes()
+        if os.getpid() != self._pid:  # a forked worker: its growth counts from its own first batch
+            self._base_rss, self._pid = rss, os.getpid()
+        grown = rss - self._base_rss > CACHE_BUDGET_BYTES if rss is not None and self._base_rss is not None \
+            else self._text_since > CACHE_BUDGET_TEXT
+        if grown:
+            self.restarts += 1
+            log.info("gigatoken: a fresh engine after %d MB of text (memory bound)", self._text_since >> 20)
+            self._load()
+
+
+def vocab_texts(obj: dict[str, Any]) -> list[str]:
+    """Every vocab token of the model as text (multi-character ones): more inputs for the proof."""
+    model = obj.get("model") or {}
+    vocab = model.get("vocab") or {}
+    if not isinstance(vocab, dict):
+        return []
+    if model.get("byte_fallback"):  # SentencePiece-style: U+2581 stands for a space, <0xNN> for a byte
+        return [t.replace("\u2581", " ") for t in vocab if len(t) > 1 and not _BYTE_TOKEN.fullmatch(t)]
+    inverse = {c: b for b, c in bpe_convert.bytes_to_unicode().items()}
+    out = []
+    for token in vocab:
+        if len(token) > 1 and all(c in inverse for c in token):
+            try:
+                out.append(bytes(inverse[c] for c in token).decode("utf-8"))
+            except UnicodeDecodeError:
+                pass
+    return out
+
+
+def _proof_path(sha256: str) -> str:
+    import gigatoken
+    import tokenizers
+
+    version = getattr(gigatoken, "__version__", None) or _dist_version("gigatoken")
+    return os.path.join(bpe_convert.proof_cache_dir(),
+                        f"{sha256}-gigatoken{version}-tokenizers{tokenizers.__version__}.json")
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def build(data: bytes, sha256: str, reference: Reference, threads: int = 1) -> tuple[GigatokenEngine, str]:
+    """The proven engine and what its proof covered; NotConvertible saying why there is none."""
+    if sha256 not in _PROVEN:
+        try:
+            _PROVEN[sha256] = _build_and_prove(data, sha256, reference, threads)
+        except NotConvertible as e:
+            _PROVEN[sha256] = (None, str(e))
+    engine, text = _PROVEN[sha256]
+    if engine is None:
+        raise NotConvertible(text)
+    engine.parallel = threads > 1
+    return engine, text
+
+
+def _build_and_prove(data: bytes, sha256: str, reference: Reference, threads: int) -> tuple[GigatokenEngine, str]:
+    try:
+        import awkward  # noqa: F401
+        import gigatoken  # noqa: F401
+    except ImportError:
+        raise NotConvertible("gigatoken is not installed (pip install gigatoken)") from None
+    try:
+        obj = bpe_convert.parse_tokenizer_json(data)
+    except ValueError as e:
+        raise NotConvertible(f"cannot parse the JSON ({e})") from None
+    remembered = _recall(sha256)
+    if remembered is not None and not remembered.get("ok"):
+        raise NotConvertible(remembered["text"] + " (remembered on this machine)")
+    engine = GigatokenEngine(engine_json(obj), threads)
+    if remembered is not None:
+        return engine, remembered["text"] + " (proof cached on this machine)"
+    specials = [t["content"] for t in obj.get("added_tokens") or []]
+    probe = bpe_convert.probe_texts(specials)
+    vocab = vocab_texts(obj)
+    why = (bpe_convert.first_mismatch(reference, engine.lists, probe, "probe", "gigatoken")
+           or bpe_convert.first_mismatch(reference, engine.lists, vocab, "vocab token", "gigatoken"))
+    if why:
+        _remember(sha256, False, why)
+        raise NotConvertible(why)
+    kind = "SentencePiece-style BPE with byte fallback" if (obj.get("model") or {}).get("byte_fallback") \
+        else "byte-level BPE"
+    proof = f"{kind}, equivalence proven on the probe ({len(probe)} texts) + all {len(vocab)} vocab tokens"
+    _remember(sha256, True, proof)
+    return engine, proof
+
+
+def _recall(sha256: str) -> dict[str, Any] | None:
+    try:
+        with open(_proof_path(sha256)) as f:
+            d = json.load(f)
+        return d if isinstance(d.get("ok"), bool) and isinstance(d.get("text"), str) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _remember(sha256: str, ok: bool, text: str) -> None:
+    """Best effort: a read-only home only means the next run proves again."""
+    try:
+        path = _proof_path(sha256)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json_atomic(path, {"sha256": sha256, "ok": ok, "text": text})
+    except OSError:
+        pass

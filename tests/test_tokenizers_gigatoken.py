@@ -1,0 +1,139 @@
+"""The gigatoken engine: proven equal to `tokenizers` or refused with a reason, its memory bounded.
+
+Real data: KJV, GPT-2's tokenizer.json, and tokenizers trained here on KJV: a SentencePiece-style BPE
+with byte fallback (Llama-2/Mistral layout: `▁` for spaces, <0xNN> byte tokens) and a WordPiece model
+gigatoken cannot run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from tokenizers import Tokenizer as HF
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+from conftest import GPT2_JSON
+from dataflow.errors import ConfigError
+from dataflow.preprocess import bpe_convert, gigatoken_engine
+from dataflow.preprocess.tokenizers import load_tokenizer
+from test_tokenizers import docs, gpt2_ref, reference_ids, same_ids  # noqa: F401 (fixtures)
+
+PROBE = bpe_convert.probe_texts()
+
+
+def train_sentencepiece_bpe(texts: list[str], path) -> str:
+    """A Llama-2-style tokenizer.json (2,000 tokens) trained on `texts`: normalizer prepends `▁` and
+    turns spaces into `▁`, no pre-tokenizer, BPE with byte fallback over <0x00>..<0xFF>."""
+    tok = HF(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")  # words, for training only
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=2000, special_tokens=["<unk>", "<s>", "</s>"],
+                                                       show_progress=False))
+    obj = json.loads(tok.to_str())
+    obj["pre_tokenizer"] = None
+    vocab = obj["model"]["vocab"]
+    specials = ["<unk>", "<s>", "</s>"]
+    ordered = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(vocab, key=vocab.get)
+                                                                  if t not in specials]
+    obj["model"]["vocab"] = {t: i for i, t in enumerate(ordered)}
+    for t in obj["added_tokens"]:
+        t["id"] = obj["model"]["vocab"][t["content"]]
+    with open(path, "w") as f:
+        json.dump(obj, f)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def sp_bpe(docs, tmp_path_factory) -> str:  # noqa: F811
+    return train_sentencepiece_bpe(docs[::4], tmp_path_factory.mktemp("sp") / "tokenizer.json")
+
+
+@pytest.fixture()
+def fresh_proofs(tmp_path, monkeypatch):
+    """A machine and a process that have proven nothing yet."""
+    monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path / "proofs"))
+    monkeypatch.setattr(gigatoken_engine, "_PROVEN", {})
+    return tmp_path / "proofs"
+
+
+def test_sentencepiece_bpe_with_byte_fallback_runs_on_gigatoken(docs, sp_bpe):  # noqa: F811
+    tok = load_tokenizer(sp_bpe)
+    assert tok.engine == "gigatoken", tok.engine_reason
+    assert "SentencePiece-style BPE with byte fallback" in tok.engine_reason and "vocab tokens" in tok.engine_reason
+    assert "tiktoken" not in tok.engine_reason  # gigatoken was first and proven: tiktoken was never tried
+    some = docs[1::3] + PROBE + ["</s> inside a document stays text <s>", "emoji 😀 and ünïcode outside the vocab"]
+    assert same_ids(tok.encode_batch(some), reference_ids(sp_bpe, some))
+    with pytest.raises(ConfigError, match="--engine tiktoken cannot give.*normalizer"):
+        load_tokenizer(sp_bpe, engine="tiktoken")
+
+
+def test_a_model_gigatoken_cannot_run_falls_back_or_is_refused_in_one_line(tmp_path):
+    tok = HF(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["In the beginning God created the heaven and the earth."] * 20,
+                            trainers.WordPieceTrainer(vocab_size=100, special_tokens=["[UNK]", "[SEP]"],
+                                                      show_progress=False))
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    auto = load_tokenizer(path)
+    assert auto.engine == "hf" and "gigatoken: gigatoken cannot load it" in auto.engine_reason
+    assert "WordPiece" in auto.engine_reason and "\n" not in auto.engine_reason
+    with pytest.raises(ConfigError, match="--engine gigatoken cannot give this tokenizer's ids.*WordPiece") as e:
+        load_tokenizer(path, engine="gigatoken")
+    assert "\n" not in str(e.value)
+
+
+def test_without_gigatoken_auto_falls_back_to_tiktoken_with_the_reason(fresh_proofs, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gigatoken", None)  # import gigatoken -> ImportError
+    tok = load_tokenizer(str(GPT2_JSON))
+    assert tok.engine == "tiktoken" and "gigatoken is not installed" in tok.engine_reason
+    with pytest.raises(ConfigError, match="--engine gigatoken.*not installed"):
+        load_tokenizer(str(GPT2_JSON), engine="gigatoken")
+
+
+def test_a_gigatoken_proof_and_a_refusal_are_remembered_per_file_and_versions(fresh_proofs, sp_bpe, monkeypatch):
+    first = load_tokenizer(str(GPT2_JSON))
+    assert first.engine == "gigatoken" and "cached" not in first.engine_reason
+    (record,) = fresh_proofs.glob("*-gigatoken*-tokenizers*.json")
+    monkeypatch.setattr(gigatoken_engine, "_PROVEN", {})  # a new process on the same machine
+
+    def no_proof(expected, actual, texts, *args):
+        assert not texts, "proved again although the proof was remembered"
+
+    monkeypatch.setattr(bpe_convert, "first_mismatch", no_proof)
+    second = load_tokenizer(str(GPT2_JSON), sample=[])
+    assert second.engine == "gigatoken" and "proof cached on this machine" in second.engine_reason
+    monkeypatch.undo()
+    text = ["Hello <|endoftext|> world 1234"]
+    assert same_ids(second.encode_batch(text), reference_ids(GPT2_JSON, text))
+    monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(fresh_proofs))
+    monkeypatch.setattr(gigatoken_engine, "_PROVEN", {})
+    record.write_text(json.dumps({"ok": False, "text": "probe text 3 differs"}))  # an earlier refusal
+    refused = load_tokenizer(str(GPT2_JSON))
+    assert refused.engine == "tiktoken" and "probe text 3 differs (remembered on this machine)" in refused.engine_reason
+
+
+def test_memory_bound_starts_afresh_and_keeps_the_ids(docs, gpt2_ref, fresh_proofs, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(gigatoken_engine, "CACHE_BUDGET_BYTES", -(1 << 40))  # every batch is past it
+    monkeypatch.setattr(gigatoken_engine, "CACHE_BUDGET_TEXT", -1)
+    tok = load_tokenizer(str(GPT2_JSON))
+    assert tok.engine == "gigatoken"
+    got = [a for i in range(0, 300, 100) for a in tok.encode_batch(docs[i:i + 100])]
+    assert tok._fast.restarts >= 3
+    assert same_ids(got, gpt2_ref[:300])
+
+
+def test_encode_flat_takes_arrow_slices_and_gives_flat_ids(docs, gpt2_ref):  # noqa: F811
+    tok = load_tokenizer(str(GPT2_JSON))
+    arr = pa.array(docs[:60], pa.string()).slice(10, 40)  # an offset into shared buffers, 32-bit offsets
+    values, offsets = tok.encode_flat(arr)
+    assert values.dtype == np.uint32 and offsets.dtype == np.int64 and len(offsets) == 41 and offsets[0] == 0
+    assert [values[offsets[i]:offsets[i + 1]].tolist() for i in range(40)] == gpt2_ref[10:50]
+    empty_values, empty_offsets = tok.encode_flat(pa.array([], pa.string()))
+    assert empty_values.size == 0 and empty_offsets.tolist() == [0]
