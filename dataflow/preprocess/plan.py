@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 
 import fsspec
 
+from dataflow.errors import InputError
 from dataflow.preprocess.sources import input_kind, split_compression
 
 DEFAULT_UNIT_BYTES = 32 * 1024 * 1024
@@ -89,10 +90,17 @@ def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES, sizes: li
                 end = min(start + unit_bytes, size)
                 units.append(Unit(len(units), file, kind, start, end, end - start))
         elif kind == "parquet":
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            with fs.open(path, "rb") as f:
-                meta = pq.ParquetFile(f).metadata
+            try:
+                with fs.open(path, "rb") as f:
+                    meta = pq.ParquetFile(f).metadata
+            except (pa.ArrowInvalid, OSError) as e:
+                if isinstance(e, FileNotFoundError):
+                    raise
+                raise InputError(f"{file}: not a readable Parquet file ({e}); check the file, or give it the "
+                                 f"extension of what it holds (.jsonl, .txt)") from None
             groups = max(meta.num_row_groups, 1)
             for g in range(meta.num_row_groups):
                 units.append(Unit(len(units), file, kind, g, g + 1, size // groups))

@@ -10,6 +10,8 @@ records the progress, so a rerun of the same command continues where a crash sto
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -19,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 import dataflow
-from dataflow.errors import ConfigError
+from dataflow.errors import ConfigError, DataflowError
 from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
 from dataflow.preprocess.blocks import read_unit_blocks
@@ -162,8 +164,8 @@ def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CH
     texts, total = [], 0
     for block in read_unit_blocks(units[0], cfg.text_field, cfg.id_field):
         for text in block.texts.drop_null().to_pylist():
-            texts.append(text)
-            total += len(text)
+            texts.append(text[:chars - total])  # a 50 MB first document is proven on its first part only
+            total += len(texts[-1])
             if total >= chars:
                 return texts
     return texts
@@ -195,10 +197,47 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     started = time.perf_counter()
     files = expand_inputs(cfg.inputs)
     layout = Layout(cfg)
-    if cfg.overwrite:
-        layout.clear()
     workers = cfg.workers or os.cpu_count() or 1
-    return _tokenize(cfg, started, files, layout, workers)
+    try:
+        with _one_run_at_a_time(cfg, layout):
+            if cfg.overwrite:
+                layout.clear()
+            return _tokenize(cfg, started, files, layout, workers)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DataflowError(f"{cfg.out}: disk full while writing ({e.strerror}); free space, then rerun the "
+                                f"same command: it resumes where it stopped") from None
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and str(e.filename or "").startswith(cfg.out):
+            raise ConfigError(f"{cfg.out}: cannot write there ({e.strerror}); choose another -o or fix its "
+                              f"permissions") from None
+        raise
+
+
+@contextlib.contextmanager
+def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
+    """Hold an exclusive lock on this task's work for the run: a second `dataflow tokenize` into the same
+    folder (and task) is refused at once instead of racing the first."""
+    work_root = os.path.dirname(layout.work)
+    try:
+        os.makedirs(work_root, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{cfg.out}: cannot create the output folder ({e.strerror}); choose another -o or "
+                          f"fix its permissions") from None
+    lock_path = layout.work + ".lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{cfg.out}: another `dataflow tokenize` is writing this folder"
+                              f"{f' (task {cfg.task_index})' if layout.tasked else ''}; wait for it to finish, "
+                              f"or write elsewhere with another -o") from None
+        yield
+        os.remove(lock_path)  # still held: a run starting now makes its own, and finds the work done
+        with contextlib.suppress(OSError):
+            os.rmdir(work_root)  # empty once the last task is done
+    finally:
+        os.close(fd)
 
 
 def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int) -> Summary:

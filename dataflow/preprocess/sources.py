@@ -143,7 +143,7 @@ def first_record_fields(url: str, kind: str) -> list[str] | None:
     line = line.split(b"\n", 1)[0]
     try:
         obj = json.loads(line)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return list(obj) if isinstance(obj, dict) else None
 
@@ -154,6 +154,9 @@ def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> R
         obj = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:
         reason = "empty line" if not raw.strip() else f"invalid JSON ({e})"
+        return Record(index, None, None, reason)
+    except RecursionError:
+        reason = "JSON nested too deeply to parse"
         return Record(index, None, None, reason)
     if not isinstance(obj, dict):
         return Record(index, None, None, "not a JSON object")

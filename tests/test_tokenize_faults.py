@@ -1,0 +1,86 @@
+"""`dataflow tokenize` under hostile input and misuse: one line and the right exit code, never a traceback
+(the reliability issue's M2, L1 and L3)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import GPT2_JSON
+from dataflow.cli import main
+
+
+def lines(path, records):
+    with open(path, "w") as f:
+        for r in records:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return str(path)
+
+
+def test_a_deeply_nested_record_is_one_bad_record(tmp_path):
+    deep = '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    src = lines(tmp_path / "in.jsonl", [{"text": "hello"}, deep, {"text": "world"}])
+    assert main(["tokenize", src, "-o", str(tmp_path / "out"), "--no-progress"]) == 0
+    errors = [json.loads(x) for x in open(tmp_path / "out" / "_errors.jsonl")]
+    assert [(e["line"], e["reason"]) for e in errors] == [(2, "JSON nested too deeply to parse")]
+
+
+def test_a_file_named_parquet_that_is_not_is_one_line(tmp_path, capsys):
+    (tmp_path / "x.parquet").write_text("not parquet at all")
+    assert main(["tokenize", str(tmp_path / "x.parquet"), "-o", str(tmp_path / "out"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "x.parquet: not a readable Parquet file" in err
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    src = lines(tmp_path / "in.jsonl", [{"text": "hello"}])
+    (tmp_path / "file").write_text("a file, not a folder")
+    assert main(["tokenize", src, "-o", str(tmp_path / "file" / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot create the output folder" in err
+
+
+def test_the_engine_proof_samples_a_bounded_prefix_of_a_huge_first_document(tmp_path, monkeypatch):
+    from dataflow.preprocess import run as run_mod
+    from dataflow.preprocess.tokenizers import SAMPLE_CHARS
+
+    seen = []
+    real = run_mod.load_tokenizer
+
+    def recording(spec, engine="auto", **kw):
+        seen.append(sum(len(t) for t in kw.get("sample", ())))
+        return real(spec, engine, **kw)
+
+    monkeypatch.setattr(run_mod, "load_tokenizer", recording)
+    big = "In the beginning was the word. " * (4 * SAMPLE_CHARS // 30)
+    src = lines(tmp_path / "in.jsonl", [{"text": big}, {"text": "and the word was short"}])
+    assert main(["tokenize", src, "-o", str(tmp_path / "out"), "--tokenizer", str(GPT2_JSON), "--workers", "1",
+                 "--no-progress"]) == 0
+    assert seen and max(seen) <= SAMPLE_CHARS  # not the whole 4x document
+
+
+def test_a_second_run_into_the_same_folder_is_refused_while_the_first_runs(tmp_path, kjv):
+    out = tmp_path / "out"
+    inputs = [str(kjv)] * 6  # long enough to still be running when the second one starts
+    first = subprocess.Popen([sys.executable, "-m", "dataflow", "tokenize", *inputs, "-o", str(out), "--tokenizer",
+                              str(GPT2_JSON), "--workers", "1", "--no-progress"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ((out / "_work").exists() and any((out / "_work").glob("*.lock"))):  # the first holds its lock
+        assert first.poll() is None and time.monotonic() < deadline, "the first run ended before the check"
+        time.sleep(0.05)
+    second = subprocess.run([sys.executable, "-m", "dataflow", "tokenize", *inputs, "-o", str(out), "--tokenizer",
+                             str(GPT2_JSON), "--workers", "1", "--no-progress"], capture_output=True, text=True,
+                            timeout=120)
+    finished_first = first.poll() is not None
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    if finished_first:
+        pytest.skip("the first run finished before the second started (too fast a machine to race them)")
+    assert second.returncode == 2 and second.stderr.count("\n") == 1
+    assert "another `dataflow tokenize` is writing this folder" in second.stderr
+    assert main(["verify", str(out), "--no-progress"]) == 0
+    assert not os.path.exists(out / "_work")
