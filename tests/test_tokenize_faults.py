@@ -84,3 +84,18 @@ def test_a_second_run_into_the_same_folder_is_refused_while_the_first_runs(tmp_p
     assert "another `dataflow tokenize` is writing this folder" in second.stderr
     assert main(["verify", str(out), "--no-progress"]) == 0
     assert not os.path.exists(out / "_work")
+
+
+@pytest.mark.parametrize("journal", ["{not json", "[1, 2]", '{"version": 3, "settings": {}, "bogus": 1}',
+                                     '{"version": 3, "settings": {}, "next_unit": "7"}'])
+def test_a_damaged_journal_is_one_line_pointing_to_overwrite(tmp_path, capsys, journal):
+    from dataflow.preprocess.journal import JOURNAL_NAME, JOURNAL_VERSION
+
+    src = lines(tmp_path / "in.jsonl", [{"text": "hello"}])
+    work = tmp_path / "out" / "_work" / "task-00000"
+    work.mkdir(parents=True)
+    (work / JOURNAL_NAME).write_text(journal.replace('"version": 3', f'"version": {JOURNAL_VERSION}'))
+    assert main(["tokenize", src, "-o", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "journal of an unfinished run is damaged" in err and "--overwrite" in err
+    assert main(["tokenize", src, "-o", str(tmp_path / "out"), "--no-progress", "--overwrite"]) == 0

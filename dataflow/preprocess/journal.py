@@ -52,14 +52,26 @@ def load_progress(work_dir: str) -> Progress | None:
     path = os.path.join(work_dir, JOURNAL_NAME)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        raw = json.load(f)
+    damaged = (f"{path}: the journal of an unfinished run is damaged ({{}}); pass --overwrite to start again")
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except ValueError as e:
+        raise ConfigError(damaged.format(f"not JSON: {e}")) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(damaged.format(f"a {type(raw).__name__}, not an object"))
     version = raw.get("version", 1)  # journals of version 1 had no version field
     if version != JOURNAL_VERSION:
         raise ConfigError(f"{path}: an unfinished run of another dataflow version (journal version {version}, "
                           f"this one writes {JOURNAL_VERSION}); finish it with that version, or pass --overwrite "
                           f"to start again")
-    return Progress(**raw)
+    try:
+        progress = Progress(**raw)
+    except TypeError as e:
+        raise ConfigError(damaged.format(e)) from None
+    if not all(isinstance(getattr(progress, k), int) for k in ("next_unit", "documents", "tokens")):
+        raise ConfigError(damaged.format("counters that are not integers"))
+    return progress
 
 
 class SpilledWriter:
