@@ -237,7 +237,11 @@ def _fds() -> int:
 
 
 def _shm() -> int:
-    return len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
+    """/dev/shm entries this process made (torch names them torch_<pid>_...; the loader's rings are made
+    here), not those of other jobs on the machine."""
+    if not os.path.isdir("/dev/shm"):
+        return 0
+    return sum(f"_{os.getpid()}_" in name for name in os.listdir("/dev/shm"))
 
 
 def test_randomized_consumers_always_see_the_reference_batches(path):

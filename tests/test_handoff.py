@@ -54,8 +54,13 @@ def _fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _shm():
-    return len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
+def _shm(pids=()):
+    """/dev/shm entries made by this process or `pids` (torch names them torch_<pid>_...): other jobs on
+    the machine may come and go."""
+    if not os.path.isdir("/dev/shm"):
+        return 0
+    mine = {f"_{p}_" for p in (os.getpid(), *pids)}
+    return sum(any(m in name for m in mine) for name in os.listdir("/dev/shm"))
 
 
 def test_no_per_batch_allocation_after_warm_up(ds_path):
@@ -66,11 +71,12 @@ def test_no_per_batch_allocation_after_warm_up(ds_path):
         if i >= 20 and i % 10 == 0:
             worker_fds.append(sum(_fds(p) for p in loader._pool.pids()))
             main_fds.add(_fds(os.getpid()))
-            shm.add(_shm())
+            shm.add(_shm(loader._pool.pids()))
     assert len(worker_fds) > 30
     assert len(main_fds) == 1 and len(shm) == 1  # nothing new per batch in the main process or /dev/shm
-    # workers open only the shards of their shuffle window (2 per worker), never a segment per batch
-    assert max(worker_fds) - min(worker_fds) <= 4
+    # workers open only the shards of their shuffle window (2 per worker: a lock and a map each) and the next
+    # window's while it is decoded ahead; never a segment or a file per batch (there are hundreds)
+    assert max(worker_fds) - min(worker_fds) <= 2 * 2 * 2 * 2
 
 
 def test_batch_memory_is_the_preallocated_ring(ds_path):
