@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools.peers.procs import run_forked  # noqa: E402
 
 CHUNK = 64  # documents per call, as the raw peers
 
@@ -51,16 +53,8 @@ def _worker(path: str, texts: list[str], barrier, out) -> None:
 
 def measure(work: str, workers: int, tokenizer: str) -> dict:
     """Both laps' seconds (first start to last end over the workers), tokens, and the id hashes."""
-    texts = _texts(work)
-    ctx = mp.get_context("fork")  # the texts are shared, not sent: no IPC is timed
     n = max(workers, 1)
-    barrier, out = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(tokenizer, texts[i::n], barrier, out)) for i in range(n)]
-    for p in procs:
-        p.start()
-    parts = [out.get() for _ in procs]
-    for p in procs:
-        p.join()
+    parts = run_forked(_worker, tokenizer, _texts(work), n)
     lap = lambda k: max(p[0][k][1] for p in parts) - min(p[0][k][0] for p in parts)  # noqa: E731
     hashes = sorted(h for p in parts for h in p[2])
     return {"seconds": lap(0), "steady_seconds": lap(1), "tokens": sum(p[1] for p in parts), "docs": len(hashes),

@@ -4,12 +4,12 @@ one engine thread per process, `workers` forked processes, warm. No reading, par
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import time
 
 import numpy as np
 
 from tools.peers.common import EOS_TEXT, gpt2_json, input_files
+from tools.peers.procs import run_forked
 
 CHUNK = 64  # documents per call
 
@@ -59,15 +59,8 @@ def tokenize(work: str, workers: int, setting: str) -> dict:
     for path in input_files(work):
         with open(path, "rb") as f:
             texts += [json.loads(line)["text"] for line in f]
-    ctx = mp.get_context("fork")  # the texts are shared with the workers, not sent: no IPC is timed
     n = max(workers, 1)
-    barrier, out = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(setting, texts[i::n], barrier, out)) for i in range(n)]
-    for p in procs:
-        p.start()
-    parts = [out.get() for _ in procs]
-    for p in procs:
-        p.join()
+    parts = run_forked(_worker, setting, texts, n)  # the texts are shared with the workers, not sent
     hashes = sorted(h for part in parts for h in part[3])
     return {"seconds": max(p[1] for p in parts) - min(p[0] for p in parts), "tokens": sum(p[2] for p in parts),
             "docs": len(hashes), "digest": hashlib.sha256("".join(hashes).encode()).hexdigest(), "hashes": hashes,
