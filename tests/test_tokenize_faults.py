@@ -99,3 +99,20 @@ def test_a_damaged_journal_is_one_line_pointing_to_overwrite(tmp_path, capsys, j
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "journal of an unfinished run is damaged" in err and "--overwrite" in err
     assert main(["tokenize", src, "-o", str(tmp_path / "out"), "--no-progress", "--overwrite"]) == 0
+
+
+def test_merge_refuses_a_part_whose_tokenizer_file_leaves_the_dataset(tmp_path, capsys):
+    src = lines(tmp_path / "in.jsonl", [{"text": f"document {i}"} for i in range(50)])
+    out = tmp_path / "out"
+    for task in (0, 1):
+        assert main(["tokenize", src, "-o", str(out), "--tokenizer", str(GPT2_JSON), "--num-tasks", "2",
+                     "--task-index", str(task), "--no-progress"]) == 0
+    part = sorted(p for p in out.rglob("index.json"))[0]
+    d = json.loads(part.read_text())
+    d["tokenizer"]["file"] = "../payload.json"
+    part.write_text(json.dumps(d))
+    capsys.readouterr()
+    assert main(["merge", str(out)]) in (1, 2)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tokenizer file '../payload.json' must be relative" in err
+    assert not (tmp_path / "payload.json").exists() and not (out / "index.json").exists()
