@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import hashlib
 import os
 import re
 import shutil
 import threading
 import time
+
+from dataflow.formats.writer import parse_size
 
 _TAG = re.compile(r"[0-9a-f]{16}")
 _ENTRY = re.compile(r"[0-9a-f]{16}-.+")
@@ -33,6 +36,7 @@ _LOCK_SUFFIXES = (".inuse", ".dl", ".ok")  # lock files, and the stamp of a veri
 
 _fds: set[int] = set()  # every lock fd this process holds open
 _fds_mu = threading.Lock()
+DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
 
 
 def lock(path: str, op: int) -> int | None:
@@ -203,3 +207,39 @@ def _scan(cache_dir: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, s
                     entries.append((st.st_mtime_ns, size, path))
                 total += size
     return entries, partials, total
+
+
+def default_cache_dir() -> str:
+    """`$DATAFLOW_CACHE`, else `$XDG_CACHE_HOME/dataflow`, else `~/.cache/dataflow`."""
+    if os.environ.get("DATAFLOW_CACHE"):
+        return os.environ["DATAFLOW_CACHE"]
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "dataflow")
+
+
+def resolve_limit(limit: int | str | None, cache_dir: str | None) -> int | None:
+    """Bytes the cache may hold: `limit` as given ("none": unlimited), else for a remote dataset
+    `DEFAULT_SHARE` of the disk space free or already used by the cache."""
+    if isinstance(limit, str) and limit.strip().lower() in ("none", "unlimited", "0"):
+        return None
+    if limit is not None:
+        return parse_size(limit)
+    if cache_dir is None:
+        return None
+    return default_limit(cache_dir, DEFAULT_SHARE)
+
+
+def verified(entry: str, size: int) -> bool:
+    """A cached shard that a download (or a re-check) verified against the manifest, unchanged since."""
+    return complete(entry, size) and stamped(entry)
+
+
+def sha256_and_sync(path: str) -> tuple[int, str]:
+    """sha256 and size of a file, flushed to disk (a download about to be renamed into place)."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            size += len(chunk)
+        os.fsync(f.fileno())
+    return size, h.hexdigest()

@@ -23,11 +23,11 @@ from typing import Any, Callable
 import fsspec
 
 from dataflow.errors import CacheFullError, FormatError, StorageError, cause
-from dataflow.formats.manifest import ShardInfo
 from dataflow.formats import remote
+from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
-from dataflow.formats.writer import parse_size
 from dataflow.loading import cache, decoded
+from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
 from dataflow.loading.cache import lock, unlock
 
 __all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "prefetch_shards"]
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 RETRIES = remote.RETRIES  # attempts per download
 PREFETCH_WORKERS = 4  # concurrent background downloads per process
-DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
 
 
@@ -49,14 +48,6 @@ class _Corrupt(Exception):
 def is_remote(root: str) -> bool:
     """True for URLs other than `file://` (those are read in place)."""
     return "://" in root and not root.startswith("file://")
-
-
-def default_cache_dir() -> str:
-    """`$DATAFLOW_CACHE`, else `$XDG_CACHE_HOME/dataflow`, else `~/.cache/dataflow`."""
-    if os.environ.get("DATAFLOW_CACHE"):
-        return os.environ["DATAFLOW_CACHE"]
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "dataflow")
 
 
 class Storage:
@@ -90,7 +81,7 @@ class Storage:
         self.cache_root = os.path.join(self.cache_dir, hashlib.sha256(key.encode()).hexdigest()[:16])
         self._limit_arg = limit
         # a local dataset's default limit is measured on its first decode (most never touch the cache)
-        self.cache_limit = _resolve_limit(limit, self.cache_dir) if self.remote or limit is not None else None
+        self.cache_limit = cache.resolve_limit(limit, self.cache_dir) if self.remote or limit is not None else None
         self._reset()
 
     def _reset(self) -> None:
@@ -139,7 +130,7 @@ class Storage:
         if not self.remote:
             return os.path.join(self.root, shard.path)
         path = self._entry(shard)
-        return self._hold(path, shard.bytes, lambda: _verified(path, shard),
+        return self._hold(path, shard.bytes, lambda: cache.verified(path, shard.bytes),
                           lambda: self._fetch(shard, path, wait=True))
 
     def decoded_path(self, shard: ShardInfo) -> str:
@@ -187,7 +178,7 @@ class Storage:
                     budget -= 2 * shard.tokens if decode else shard.bytes
                     if budget < 0:
                         return
-                ready = os.path.exists(path) if decode else _verified(path, shard)
+                ready = os.path.exists(path) if decode else cache.verified(path, shard.bytes)
                 if path in self._pending or ready:
                     continue
                 self._pending.add(path)
@@ -240,7 +231,7 @@ class Storage:
 
     def _decode(self, shard: ShardInfo, path: str) -> None:
         if self.cache_limit is None and not self.remote and self._limit_arg is None:
-            self.cache_limit = _resolve_limit(None, self.cache_dir)  # a local dataset's first use of the cache
+            self.cache_limit = cache.resolve_limit(None, self.cache_dir)  # a local dataset's first use of the cache
         self._make_room(decoded.size_bound(shard))
         try:
             seconds = decoded.decode_into(path, shard, lambda: self.local_path(shard), check_source=not self.remote)
@@ -282,9 +273,9 @@ class Storage:
         try:
             fd = lock(path + ".inuse", fcntl.LOCK_SH)  # not evictable while it downloads
             try:
-                if not _verified(path, shard):
+                if not cache.verified(path, shard.bytes):
                     self._fetch(shard, path, wait=False)
-                if _verified(path, shard):
+                if cache.verified(path, shard.bytes):
                     cache.touch(path)
             finally:
                 unlock(fd)
@@ -324,7 +315,7 @@ class Storage:
     def _checked_again(self, shard: ShardInfo, path: str) -> bool:
         """A cached file of the right size that no download here verified (left by an older version, or put
         there by something else): trusted only if its sha256 matches the manifest."""
-        if _sha256_and_sync(path) != (shard.bytes, shard.sha256):
+        if cache.sha256_and_sync(path) != (shard.bytes, shard.sha256):
             log.warning("%s: the cached copy %s does not match the manifest; downloading it again",
                         self.url(shard), path)
             return False
@@ -339,7 +330,7 @@ class Storage:
         for attempt in range(1, self.retries + 1):
             try:
                 fs.get_file(rpath, tmp)
-                size, digest = _sha256_and_sync(tmp)
+                size, digest = cache.sha256_and_sync(tmp)
                 if (size, digest) != (shard.bytes, shard.sha256):
                     raise _Corrupt(f"got {size} bytes with sha256 {digest[:12]}..., the manifest says "
                                    f"{shard.bytes} bytes with sha256 {shard.sha256[:12]}...")
@@ -393,18 +384,6 @@ class Storage:
             cache.evict(self.cache_dir, self.cache_limit, incoming)
 
 
-def _resolve_limit(limit: int | str | None, cache_dir: str | None) -> int | None:
-    """Bytes the cache may hold: `limit` as given ("none": unlimited), else for a remote dataset
-    `DEFAULT_SHARE` of the disk space free or already used by the cache."""
-    if isinstance(limit, str) and limit.strip().lower() in ("none", "unlimited", "0"):
-        return None
-    if limit is not None:
-        return parse_size(limit)
-    if cache_dir is None:
-        return None
-    return cache.default_limit(cache_dir, DEFAULT_SHARE)
-
-
 def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]], decode: list[bool]) -> None:
     """Download (and for sources with `decode[src]`, decode) ahead `(source index, shard)` pairs, as
     `StreamingDataset.shards` lists them."""
@@ -423,18 +402,3 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def _verified(entry: str, shard: ShardInfo) -> bool:
-    """A cached shard that a download (or a re-check) here verified against the manifest, unchanged since."""
-    return cache.complete(entry, shard.bytes) and cache.stamped(entry)
-
-
-def _sha256_and_sync(path: str) -> tuple[int, str]:
-    h, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            size += len(chunk)
-        os.fsync(f.fileno())
-    return size, h.hexdigest()
