@@ -3,7 +3,9 @@
 Layout: `<cache_dir>/<16 hex: the dataset URL>/<folders of the shard path>/<sha256[:16]>-<name>` is a
 complete, verified shard (an *entry*); beside it, `<entry>.part-<pid>-<thread>-<bytes>` is a download in
 progress, and `<entry>.inuse` / `<entry>.dl` are lock files (empty; never deleted, as deleting a lock
-file races with processes about to lock it).
+file races with processes about to lock it). `<entry>.ok` stamps the very file a download verified
+(device, inode, size): an entry without a matching stamp is hashed again before it is served.
+`<entry>.decoded.arrow` is a zstd shard's uncompressed copy (`decoded.py`), an entry like the others.
 
 Protocol (flock, so it holds between threads of a process as between processes):
 - `.dl`, exclusive: the one download of an entry; the others wait for it, then find the entry there.
