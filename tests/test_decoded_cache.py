@@ -16,10 +16,10 @@ SEQ, B = 255, 4
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def write(path, compression: str, docs: int = 24, doc_tokens: int = 250_000) -> str:
+def write(path, compression: str, docs: int = 24, doc_tokens: int = 250_000, fmt: str = "arrow") -> str:
     rng = np.random.default_rng(0)
     meta = TokenizerMeta(kind="hf", name="t", vocab_size=50257, eos_id=50256)
-    with ShardWriter(str(path), tokenizer_meta=meta, shard_size="1MB", compression=compression) as w:
+    with ShardWriter(str(path), tokenizer_meta=meta, shard_size="1MB", compression=compression, format=fmt) as w:
         for _ in range(docs):
             w.write(rng.integers(0, 50000, size=doc_tokens).astype(np.uint16))
     return str(path)
@@ -28,7 +28,9 @@ def write(path, compression: str, docs: int = 24, doc_tokens: int = 250_000) -> 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("decoded")
-    return {c: write(root / c, c) for c in ("zstd", "none")}
+    out = {c: write(root / c, c) for c in ("zstd", "none")}
+    out["tar.zst"] = write(root / "tar", "zstd", docs=400, doc_tokens=15_000, fmt="tar")
+    return out
 
 
 def batches(path, cache, workers=0, **kw):
@@ -38,15 +40,15 @@ def batches(path, cache, workers=0, **kw):
     return out, loader
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_same_batches_as_decompressing_in_each_process(data, tmp_path, workers):
-    want, _ = batches(data["zstd"], tmp_path / "a", decode_once=False)
-    got, loader = batches(data["zstd"], tmp_path / "b", workers=workers)
+@pytest.mark.parametrize("kind,workers", [("zstd", 0), ("zstd", 2), ("tar.zst", 0), ("tar.zst", 2)])
+def test_same_batches_as_decompressing_in_each_process(data, tmp_path, kind, workers):
+    want, _ = batches(data[kind], tmp_path / "a", decode_once=False)
+    got, loader = batches(data[kind], tmp_path / "b", workers=workers)
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
-    n_shards = len(StreamingDataset(data["zstd"]).shards)
+    n_shards = len(StreamingDataset(data[kind]).shards)
     assert loader.counts["shards_decoded"] == n_shards  # each decoded once, whatever the worker count
     assert loader.counts["decode_cpu_s"] > 0 and "decode" in loader.stage_seconds
-    again, loader = batches(data["zstd"], tmp_path / "b", workers=workers)
+    again, loader = batches(data[kind], tmp_path / "b", workers=workers)
     assert loader.counts["shards_decoded"] == 0 and loader.counts["decode_hits"] >= n_shards
     assert all(torch.equal(a, b) for a, b in zip(again, want))
 

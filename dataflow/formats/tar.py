@@ -127,12 +127,37 @@ def _npy_view(body: memoryview) -> np.ndarray:
 TAR_BYTES_PER_DOCUMENT = 8192  # headers, .npy header, padding and a generous .json, per document
 
 
+def tar_size_bound(info: ShardInfo, itemsize: int) -> int:
+    """At most the bytes of a shard's tar stream, by its manifest counts: a decompression stops there."""
+    return info.tokens * itemsize + info.documents * TAR_BYTES_PER_DOCUMENT + (1 << 20)
+
+
+def decode_tar_stream(src: str, dst: str, info: ShardInfo, itemsize: int) -> int:
+    """Decompress the `.tar.zst` shard `src` into the plain tar `dst`, no further than its manifest
+    counts allow; returns its size."""
+    limit = tar_size_bound(info, itemsize)
+    try:
+        with open(src, "rb") as f, open(dst, "wb") as out:
+            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+            size = 0
+            while chunk := reader.read(1 << 22):
+                size += len(chunk)
+                if size > limit:
+                    raise FormatError(f"{src}: decompresses beyond the {limit:,} bytes its manifest entry allows "
+                                      f"({info.documents} documents, {info.tokens} tokens); the shard is damaged "
+                                      f"or hostile")
+                out.write(chunk)
+    except zstandard.ZstdError as e:
+        raise FormatError(f"{src}: not a readable zstd stream ({e}); run `dataflow verify`") from None
+    return size
+
+
 def read_tar_stream(path: str, info: ShardInfo, itemsize: int) -> bytes:
     """The whole tar stream, decompressed (`.tar.zst`) no further than the manifest's counts allow."""
     with open(path, "rb") as f:
         if not path.endswith(".zst"):
             return f.read()
-        limit = info.tokens * itemsize + info.documents * TAR_BYTES_PER_DOCUMENT + (1 << 20)
+        limit = tar_size_bound(info, itemsize)
         try:
             reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
             chunks, size = [], 0

@@ -58,8 +58,9 @@ class StreamingDataset(IterableDataset):
         cache_limit: bytes or "50GB" (default: half the free disk); least recently used shards not in
             use are evicted beyond it.
         storage_options: fsspec options for remote datasets (e.g. S3 `endpoint_url`, credentials).
-        decode_once: zstd Arrow shards are decompressed once per machine into the cache and memory-mapped
-            by every worker and rank (they share its pages); False decompresses in each process instead.
+        decode_once: zstd shards (Arrow and tar) are decompressed once per machine into the cache and
+            memory-mapped by every worker and rank (they share its pages); False decompresses in each
+            process instead.
 
     Iterated directly (or by torch's `DataLoader` with `num_workers=0`) it yields this rank's samples
     one at a time and tracks its position for `state_dict()`. Under torch's `DataLoader` with workers
@@ -119,7 +120,9 @@ class StreamingDataset(IterableDataset):
                 if w > 0 and self.counts[stream].sum() == 0:
                     raise ConfigError(f"{path} has no sample of seq_len {seq_len}; it cannot be mixed in")
         self._check_not_empty()
-        self._decoded = [decode_once and m.format == "arrow" and m.compression == "zstd" for m in self.manifests]
+        # per source: (format, token itemsize) when its zstd shards are decoded once per machine, else None
+        self._decoded = [(m.format, np.dtype(m.dtype).itemsize) if decode_once and m.compression == "zstd" else None
+                         for m in self.manifests]
         self.fingerprint = self._fingerprint()
         self.epoch = 0
         self.consumed = 0  # global samples of this epoch already served; advanced only by an iterator
@@ -248,11 +251,12 @@ class StreamingDataset(IterableDataset):
             m, storage = self.manifests[src], self.storages[src]
             decoded = self._decoded[src]
             t_decode = time.perf_counter()
-            path = storage.decoded_path(info) if decoded else storage.local_path(info)
+            path = storage.decoded_path(info, *decoded) if decoded else storage.local_path(info)
             waited = time.perf_counter() - t_decode if decoded else 0.0
             self._decode_wait_s += waited
             shard = self._open[k] = OpenShard(path, m.format, info, m.tokenizer.vocab_size, m.dtype,
-                                              decoded_from=info.sha256 if decoded else None, name=storage.url(info))
+                                              decoded_from=info.sha256 if decoded and m.format == "arrow" else None,
+                                              name=storage.url(info))
             if shard.token_starts[-1] != info.tokens:
                 raise FormatError(f"{shard.name}: holds {shard.token_starts[-1]} tokens, the manifest says "
                                   f"{info.tokens}; run `dataflow verify`")

@@ -1,11 +1,12 @@
-"""A zstd Arrow shard decoded once per machine: an uncompressed copy in the shared cache.
+"""A zstd shard decoded once per machine: an uncompressed copy in the shared cache.
 
 Without it, every loader worker of every rank decompresses the record batches of the shards it reads,
 so decoded memory and decompression CPU grow with the number of processes. The copy sits in the
-cache as `<entry>.decoded.arrow`; readers memory-map it, so the page cache holds one copy for all.
+cache as `<entry>.decoded.arrow` (an Arrow IPC file without compression) or `<entry>.decoded.tar` (the
+plain tar stream); readers memory-map it, so the page cache holds one copy for all.
 The first reader decodes under the entry's `.dl` lock while the others wait; the copy appears by an
 atomic rename, so a decode killed midway leaves only a partial file, which nobody reads and the next
-decoder (or the evictor) removes. The copy records the sha256 of the shard it came from.
+decoder (or the evictor) removes. An Arrow copy also records the sha256 of the shard it came from.
 """
 
 from __future__ import annotations
@@ -20,17 +21,23 @@ from typing import Callable
 from dataflow.errors import FormatError
 from dataflow.formats.arrow import decode_arrow_shard
 from dataflow.formats.manifest import ShardInfo
+from dataflow.formats.tar import decode_tar_stream, tar_size_bound
 from dataflow.loading import cache
 
-SUFFIX = ".decoded.arrow"
+FORMATS = ("arrow", "tar")  # zstd shards of these formats are decoded once per machine
 
 
-def size_bound(shard: ShardInfo) -> int:
-    """At most the bytes a decoded copy takes: uint32 tokens, list offsets, ids, headers."""
-    return 2 * shard.tokens * 4 + shard.documents * 64 + (1 << 20)
+def suffix(fmt: str) -> str:
+    return f".decoded.{fmt}"
 
 
-def decode_into(path: str, shard: ShardInfo, source: Callable[[], str], check_source: bool) -> float:
+def size_bound(shard: ShardInfo, fmt: str) -> int:
+    """At most the bytes a decoded copy takes (uint32 tokens; offsets, ids and headers besides)."""
+    return tar_size_bound(shard, 4) if fmt == "tar" else 2 * shard.tokens * 4 + shard.documents * 64 + (1 << 20)
+
+
+def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Callable[[], str],
+                check_source: bool) -> float:
     """Make `path` the decoded copy of `shard` unless another process already has; returns the CPU
     seconds this thread spent checking and decoding (0.0 when it found the copy made). `source()` gives the compressed file, held by the
     caller; `check_source` hashes it first (a local file nobody has checked against the manifest)."""
@@ -40,13 +47,16 @@ def decode_into(path: str, shard: ShardInfo, source: Callable[[], str], check_so
             return 0.0
         cache.remove_partials(path)
         src = source()
-        tmp = cache.part_path(path, size_bound(shard))
+        tmp = cache.part_path(path, size_bound(shard, fmt))
         try:
             t0 = time.thread_time()
             if check_source and _sha256(src) != shard.sha256:
                 raise FormatError(f"{src}: its sha256 does not match the manifest; the shard is damaged or was "
                                   "replaced: run `dataflow verify` on the dataset")
-            decode_arrow_shard(src, tmp, shard.sha256)
+            if fmt == "tar":
+                decode_tar_stream(src, tmp, shard, itemsize)
+            else:
+                decode_arrow_shard(src, tmp, shard.sha256)
             os.replace(tmp, path)
             return max(time.thread_time() - t0, 1e-9)
         finally:

@@ -7,6 +7,8 @@ no random access, so a tar shard is streamed once into one in-memory batch.
 
 from __future__ import annotations
 
+import mmap
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,20 +48,24 @@ class OpenShard:
                                   f"{decoded_from[:12]}...); delete it and it is decoded again")
             self.token_starts = self._arrow.token_starts
             self.doc_starts = self._arrow.doc_starts
-        else:
+        else:  # each document is a batch: views into the (memory-mapped, when plain) tar stream
             self._arrow = None
-            ids, docs = parse_tar_documents(read_tar_stream(path, info, self.dtype.itemsize), path)
-            lengths = [len(d) for d in docs]
-            offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-            flat = np.concatenate(docs) if docs else np.zeros(0, self.dtype)
-            self.batches[0] = self._checked(Batch(flat, offsets, ids), "the tar stream")
-            self.token_starts = np.array([0, len(flat)], dtype=np.int64)
-            self.doc_starts = np.array([0, len(docs)], dtype=np.int64)
+            ids, self._docs = parse_tar_documents(_tar_bytes(path, info, self.dtype.itemsize), path)
+            self._ids = ids
+            lengths = np.array([len(d) for d in self._docs], dtype=np.int64)
+            self.token_starts = np.concatenate([[0], np.cumsum(lengths)])
+            self.doc_starts = np.arange(len(self._docs) + 1, dtype=np.int64)
 
     def batch(self, i: int) -> Batch:
         b = self.batches.get(i)
         if b is None:
-            b = self.batches[i] = self._checked(Batch(*self._arrow.batch(i)), f"record batch {i}")
+            if self._arrow is not None:
+                b = self._checked(Batch(*self._arrow.batch(i)), f"record batch {i}")
+            else:
+                doc = self._docs[i]
+                b = self._checked(Batch(doc, np.array([0, len(doc)], dtype=np.int64), self._ids[i:i + 1]),
+                                  f"document {self._ids[i]!r}")
+            self.batches[i] = b
         return b
 
     def _checked(self, b: Batch, where: str) -> Batch:
@@ -105,3 +111,13 @@ class OpenShard:
         return str(doc_id.as_py() if hasattr(doc_id, "as_py") else doc_id), \
             b.tokens[b.doc_offsets[j]:b.doc_offsets[j + 1]]
 
+
+def _tar_bytes(path: str, info: ShardInfo, itemsize: int) -> bytes | memoryview:
+    """A plain tar, memory-mapped (every process reading it shares its pages); a `.tar.zst` decompressed
+    here, no further than its manifest counts allow (`decode_once=False`)."""
+    if path.endswith(".zst"):
+        return read_tar_stream(path, info, itemsize)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))

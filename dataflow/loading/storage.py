@@ -133,15 +133,15 @@ class Storage:
         return self._hold(path, shard.bytes, lambda: cache.verified(path, shard.bytes),
                           lambda: self._fetch(shard, path, wait=True))
 
-    def decoded_path(self, shard: ShardInfo) -> str:
+    def decoded_path(self, shard: ShardInfo, fmt: str = "arrow", itemsize: int = 2) -> str:
         """Blocking: an uncompressed copy of a zstd Arrow shard in the shared cache, decoded once per machine
         (the first reader decodes under a lock, the others wait and then map it), held until `release`."""
-        path = self._entry(shard) + decoded.SUFFIX
+        path = self._entry(shard) + decoded.suffix(fmt)
         hit = [True]
 
         def decode() -> None:
             hit[0] = False
-            self._decode(shard, path)
+            self._decode(shard, path, fmt, itemsize)
 
         out = self._hold(path, 2 * shard.tokens, lambda: os.path.exists(path), decode)
         if hit[0]:
@@ -154,11 +154,12 @@ class Storage:
         evicted."""
         self._release_entry(self._entry(shard))
         if decoded_copy:
-            self._release_entry(self._entry(shard) + decoded.SUFFIX)
+            for fmt in decoded.FORMATS:
+                self._release_entry(self._entry(shard) + decoded.suffix(fmt))
 
-    def prefetch(self, shards: list[ShardInfo], decode: bool = False) -> None:
-        """Start downloading these shards (`decode`: and decoding them, see `decoded_path`) in background
-        threads and return at once.
+    def prefetch(self, shards: list[ShardInfo], decode: tuple[str, int] | None = None) -> None:
+        """Start downloading these shards (`decode=(format, token itemsize)`: and decoding them, see
+        `decoded_path`) in background threads and return at once.
 
         Ready or already queued shards are skipped; with a cache_limit, shards are taken in order only
         while they fit beside the shards in use, so work ahead never evicts what is about to be read.
@@ -170,7 +171,7 @@ class Storage:
             budget = None if self.cache_limit is None else \
                 self.cache_limit - sum(h[2] for h in self._held.values())
         for shard in shards:
-            path = self._entry(shard) + (decoded.SUFFIX if decode else "")
+            path = self._entry(shard) + (decoded.suffix(decode[0]) if decode else "")
             with self._mu:
                 if path in self._held:
                     continue
@@ -184,7 +185,10 @@ class Storage:
                 self._pending.add(path)
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="dataflow-prefetch")
-                self._pool.submit(self._decode_ahead if decode else self._prefetch_one, shard, path)
+                if decode:
+                    self._pool.submit(self._decode_ahead, shard, path, *decode)
+                else:
+                    self._pool.submit(self._prefetch_one, shard, path)
 
     def close(self) -> None:
         """Stop background downloads (waiting for those running) and release every shard held."""
@@ -229,12 +233,13 @@ class Storage:
             unlock(fd)
         return path
 
-    def _decode(self, shard: ShardInfo, path: str) -> None:
+    def _decode(self, shard: ShardInfo, path: str, fmt: str, itemsize: int) -> None:
         if self.cache_limit is None and not self.remote and self._limit_arg is None:
             self.cache_limit = cache.resolve_limit(None, self.cache_dir)  # a local dataset's first use of the cache
-        self._make_room(decoded.size_bound(shard))
+        self._make_room(decoded.size_bound(shard, fmt))
         try:
-            seconds = decoded.decode_into(path, shard, lambda: self.local_path(shard), check_source=not self.remote)
+            seconds = decoded.decode_into(path, shard, fmt, itemsize, lambda: self.local_path(shard),
+                                          check_source=not self.remote)
         except OSError as e:
             if e.errno in _DISK_FULL:
                 raise self._full(shard, e) from cause(e)
@@ -285,9 +290,9 @@ class Storage:
             with self._mu:
                 self._pending.discard(path)
 
-    def _decode_ahead(self, shard: ShardInfo, path: str) -> None:
+    def _decode_ahead(self, shard: ShardInfo, path: str, fmt: str, itemsize: int) -> None:
         try:
-            self.decoded_path(shard)
+            self.decoded_path(shard, fmt, itemsize)
             self.release(shard)
         except Exception as e:
             log.warning("decode-ahead of %s failed (%s); it is retried when read", self.url(shard), e)
@@ -384,7 +389,8 @@ class Storage:
             cache.evict(self.cache_dir, self.cache_limit, incoming)
 
 
-def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]], decode: list[bool]) -> None:
+def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]],
+                    decode: list[tuple[str, int] | None]) -> None:
     """Download (and for sources with `decode[src]`, decode) ahead `(source index, shard)` pairs, as
     `StreamingDataset.shards` lists them."""
     by_source: dict[int, list[ShardInfo]] = {}
