@@ -134,8 +134,9 @@ class Storage:
                           lambda: self._fetch(shard, path, wait=True))
 
     def decoded_path(self, shard: ShardInfo, fmt: str = "arrow", itemsize: int = 2) -> str:
-        """Blocking: an uncompressed copy of a zstd Arrow shard in the shared cache, decoded once per machine
-        (the first reader decodes under a lock, the others wait and then map it), held until `release`."""
+        """Blocking: an uncompressed copy of a zstd shard (`fmt`: arrow or tar) in the shared cache, decoded
+        once per machine (the first reader decodes under a lock, the others wait and then map it), held
+        until `release`."""
         path = self._entry(shard) + decoded.suffix(fmt)
         hit = [True]
 
