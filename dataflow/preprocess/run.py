@@ -218,6 +218,7 @@ def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
     """Hold an exclusive lock on this task's work for the run: a second `dataflow tokenize` into the same
     folder (and task) is refused at once instead of racing the first."""
     work_root = os.path.dirname(layout.work)
+    made = [d for d in (cfg.out, work_root) if not os.path.isdir(d)]  # removed again if left empty
     try:
         os.makedirs(work_root, exist_ok=True)
     except OSError as e:
@@ -225,19 +226,23 @@ def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
                           f"fix its permissions") from None
     lock_path = layout.work + ".lock"
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    locked = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
         except BlockingIOError:
             raise ConfigError(f"{cfg.out}: another `dataflow tokenize` is writing this folder"
                               f"{f' (task {cfg.task_index})' if layout.tasked else ''}; wait for it to finish, "
                               f"or write elsewhere with another -o") from None
         yield
-        os.remove(lock_path)  # still held: a run starting now makes its own, and finds the work done
-        with contextlib.suppress(OSError):
-            os.rmdir(work_root)  # empty once the last task is done
     finally:
+        if locked:  # still held: a run starting now makes its own lock file
+            os.remove(lock_path)
         os.close(fd)
+        for folder in (work_root, *[d for d in made if d != work_root]):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only if empty: the work of an unfinished run stays for its resume
 
 
 def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int) -> Summary:
