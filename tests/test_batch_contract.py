@@ -365,3 +365,54 @@ def test_print_monitor_is_one_line():
             pass
     text = str(mon)
     assert "\n" not in text and text.startswith("starvation:") and mon.summary()["steps"] == 3
+
+
+class FailOnce(StreamingDataset):
+    """Fails filling the batch that starts at sample `fail_at` while `marker` exists (once: it is removed)."""
+
+    marker = ""
+    fail_at = -1
+
+    def fill(self, ids, out, epoch=None):
+        if ids[0] == self.fail_at and os.path.exists(self.marker):
+            os.remove(self.marker)
+            raise OSError("injected read error")
+        return super().fill(ids, out, epoch)
+
+
+def test_a_failure_read_ahead_and_never_taken_costs_the_worker_no_slot(path, tmp_path):
+    """The error of a batch the consumer never reached is dropped with the iteration; the worker's slot
+    permit must come back with it, or a later consumer that keeps its batches waits forever."""
+    want = reference(path)
+    FailOnce.marker, FailOnce.fail_at = str(tmp_path / "fail"), B  # batch 1 of the epoch
+    open(FailOnce.marker, "w").close()
+    loader = StreamingDataLoader(FailOnce(path, seq_len=SEQ, seed=1), batch_size=B, num_workers=1, prefetch_factor=1,
+                                 held_batches=0, persistent_workers=True, timeout=20)
+    it = iter(loader)
+    first = next(it)["input_ids"].clone()
+    deadline = time.monotonic() + 20
+    while os.path.exists(FailOnce.marker):  # the worker reads ahead into the failure
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    it.close()
+    rest = [b["input_ids"] for b in loader]  # keeps every batch: copies once the slots are lent
+    assert [first, *rest] and len(rest) == len(want) - 1
+    assert all(torch.equal(a, b) for a, b in zip([first, *rest], want))
+    loader.close()
+
+
+def test_prefetcher_iterators_replace_each_other_and_an_ended_stream_is_not_read_twice(path):
+    want = reference(path)
+    pf = DevicePrefetcher(StreamingDataLoader(StreamingDataset(path, seq_len=SEQ, seed=1), batch_size=B), device="cpu")
+    a = iter(pf)
+    got = [next(a)["input_ids"].clone()]
+    b = iter(pf)  # replaces `a`, continuing after its batch
+    got.append(next(b)["input_ids"].clone())
+    del a
+    gc.collect()
+    got += [x["input_ids"].clone() for x in b]
+    assert len(got) == len(want) and all(torch.equal(x, y) for x, y in zip(got, want))
+    counts = []
+    for _ in range(2):  # the next epochs, each whole: no empty iteration in between
+        counts.append(sum(1 for _ in pf))
+    assert counts == [len(want), len(want)]

@@ -189,9 +189,13 @@ def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_wor
         slot = next(s for s in shared.slots if table[s, _STATE] == FREE)
         ids = plan.sample_ids(b)
         t0 = time.perf_counter()
-        times = dataset.fill(ids, ring.numpy_views(slot), plan.epoch)
-        if hook is not None:
-            hook(BatchTiming(track_name(), t0, time.perf_counter(), len(ids), times))
+        try:
+            times = dataset.fill(ids, ring.numpy_views(slot), plan.epoch)
+            if hook is not None:
+                hook(BatchTiming(track_name(), t0, time.perf_counter(), len(ids), times))
+        except BaseException:
+            shared.free.release()  # the slot stays FREE: its permit goes back with it
+            raise
         row = table[slot]
         row[_ROWS] = len(ids)
         for i, name in enumerate(FIELDS):
@@ -243,7 +247,9 @@ class WorkerPool:
         self.copies = 0  # batches handed out as owned copies because every slot of their worker was lent
         self._fills = [sh.fills.numpy() for sh in self.shared]
         self._lent: list[set[int]] = [set() for _ in range(num_workers)]  # set ops are atomic across threads
-        self._leases: dict[int, _Lease] = {}  # slot -> its lease, alive until the slot comes back
+        self._leases: dict[int, tuple[int, _Lease]] = {}  # slot -> (token, lease), until the slot comes back
+        self._tokens = itertools.count(1)  # one per lend: a late release of an older lend frees nothing
+        self._pid = os.getpid()
         self._running: list[int] = [0] * num_workers  # the job each worker has not yet reported ended
         self.stage_by_worker: list[dict[str, float]] = [{} for _ in range(num_workers)]
 
@@ -280,7 +286,9 @@ class WorkerPool:
         if len(lent) + 1 < self.per_worker:
             self._table[slot, _STATE] = LENT
             lent.add(slot)
-            batch, self._leases[slot] = self.ring.lend(slot, rows, partial(self._give_back, w, slot))
+            token = next(self._tokens)
+            batch, lease = self.ring.lend(slot, rows, partial(self._give_back, w, slot, token))
+            self._leases[slot] = (token, lease)
             return batch
         batch = self.ring.copy(slot, rows)
         self.copies += 1
@@ -288,9 +296,13 @@ class WorkerPool:
         self.shared[w].free.release()
         return batch
 
-    def _give_back(self, w: int, slot: int) -> None:
-        """A lent slot's batch is gone: the slot is worker w's to fill again (run in any thread)."""
-        if self.closed:
+    def _give_back(self, w: int, slot: int, token: int) -> None:
+        """A lent slot's batch is gone: the slot is worker w's to fill again (run in any thread). Not in a
+        forked child (it inherited the lease, not the slot), and only for the lease that lent it now."""
+        if self.closed or os.getpid() != self._pid:
+            return
+        held = self._leases.get(slot)
+        if held is None or held[0] != token:
             return
         self._leases.pop(slot, None)
         self._lent[w].discard(slot)
@@ -305,6 +317,8 @@ class WorkerPool:
                 raise DataflowError("this loader iterator was replaced by a newer iter(loader); iterate the new one")
             waited += POLL_S
             if self.results[w].poll() or not self.procs[w].is_alive():
+                if self.shared[w].ready.acquire(False):  # it posted its batch, then ended or died: take it
+                    break
                 self._ended(w, b)
             if self.timeout and waited >= self.timeout:
                 raise DataflowError(f"loader worker {w} produced no batch in {self.timeout} s")

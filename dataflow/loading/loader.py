@@ -219,6 +219,7 @@ class StreamingDataLoader:
             pass
 
     def set_epoch(self, epoch: int) -> None:
+        self._generation += 1  # an unfinished iterator would serve (and record) the old position
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -227,3 +228,4 @@ class StreamingDataLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dataset.load_state_dict(state)
+        self._generation += 1  # an unfinished iterator would overwrite the loaded position

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from dataflow.errors import ConfigError
+from dataflow.errors import ConfigError, DataflowError
 from dataflow.loading.loader import StreamingDataLoader
 
 _DONE = object()
@@ -58,6 +58,30 @@ class _TimedEvent:
 class _Failure:
     def __init__(self, exc: BaseException):
         self.exc = exc
+
+
+class _Producer:
+    """One iteration's producer thread, its queue, and what it had in hand when told to stop."""
+
+    def __init__(self, depth: int):
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.carry: list[Any] = []
+        self.thread: threading.Thread | None = None
+
+    def start(self, target: Any, it: Iterator[Any]) -> None:
+        self.thread = threading.Thread(target=target, args=(it, self), name="dataflow-prefetch", daemon=True)
+        self.thread.start()
+
+    def put(self, item: Any) -> None:
+        """Queue `item`; when the consumer has stopped, keep it for the next iteration instead."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+        self.carry.append(item)
 
 
 class _PinnedRing:
@@ -116,10 +140,8 @@ class DevicePrefetcher:
         self._state_of = getattr(batches, "state_dict", None)
         self._it: Iterator[Any] | None = None  # the upstream iterator, kept across a break
         self._pending: deque = deque()  # items read ahead and not yet yielded (after a break)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._carry: list[Any] = []  # an item the stopped thread had in hand
+        self._producer: _Producer | None = None  # the thread of the current iteration
+        self._generation = 0  # the newest iterator; an older one raises if it is resumed
         self._ring: _PinnedRing | None = None
         self._last_event: _TimedEvent | None = None
         self._state: dict[str, Any] | None = None
@@ -139,24 +161,25 @@ class DevicePrefetcher:
         if load is None:
             raise ConfigError("the upstream iterable has no load_state_dict(); pass a StreamingDataLoader")
         self.close()
+        self._generation += 1  # an unfinished iterator must not go on from the old position
         self._pending.clear()
         self._it = None
         load(state)
         self._state = self._state_of() if self._state_of else None
 
     # --- producer thread ------------------------------------------------------------------------
-    def _produce(self, it: Iterator[Any], q: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, it: Iterator[Any], p: "_Producer") -> None:
         in_flight: deque = deque()  # (event, host batch) of direct copies: the host memory stays referenced
         try:
             stream = torch.cuda.Stream(device=self.device) if self._cuda else None
             if self._cuda and not self.pinned and self._ring is None:
                 self._ring = _PinnedRing(self.depth + 1, self.stats)
-            while not stop.is_set():
+            while not p.stop.is_set():
                 t0 = time.perf_counter()
                 batch = next(it, _DONE)
                 self.stats.upstream_s += time.perf_counter() - t0
                 if batch is _DONE:
-                    self._put(q, stop, _DONE)
+                    p.put(_DONE)
                     return
                 while in_flight and (len(in_flight) > self.depth or in_flight[0][0].end.query()):
                     in_flight.popleft()[0].synchronize()  # its copy is done: the host batch may go
@@ -169,23 +192,13 @@ class DevicePrefetcher:
                 else:
                     item = self._stage_and_copy(batch, stream)
                 del batch
-                self._put(q, stop, (*item, self._state_of() if self._state_of else None))
+                p.put((*item, self._state_of() if self._state_of else None))
                 del item
         except BaseException as e:  # handed to the consumer, raised there with its message
-            self._put(q, stop, _Failure(e))
+            p.put(_Failure(e))
         finally:
             for event, _ in in_flight:  # the host memory may go back to the loader only once copied
                 event.synchronize()
-
-    def _put(self, q: queue.Queue, stop: threading.Event, item: Any) -> None:
-        """Queue `item`; when the consumer has stopped, keep it for the next iteration instead."""
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
-        self._carry.append(item)
 
     def _copy(self, batch: Any, stream: Any) -> tuple[Any, _TimedEvent]:
         """Launch the host-to-device copies of `batch` on `stream`; the event marks their end."""
@@ -215,20 +228,27 @@ class DevicePrefetcher:
 
     # --- consumer -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        self.close()
+        self.close()  # an unfinished iteration's read-ahead is kept, and served first
+        self._generation += 1
+        return self._iterate(self._generation)
+
+    def _iterate(self, generation: int) -> Iterator[Any]:
         if self._it is None:
             if self._state is None and self._state_of is not None:
                 self._state = self._state_of()  # what state_dict() says before the first batch arrives
             self._it = iter(self.upstream)
-        self._stop = threading.Event()
-        self._queue = queue.Queue(maxsize=self.depth)
-        self._thread = threading.Thread(target=self._produce, args=(self._it, self._queue, self._stop),
-                                        name="dataflow-prefetch", daemon=True)
-        self._thread.start()
+        ended = any(item is _DONE or isinstance(item, _Failure) for item in self._pending)
+        if not ended:  # (read-ahead that holds the upstream's end needs no thread: it is all there is)
+            self._producer = _Producer(self.depth)
+            self._producer.start(self._produce, self._it)
+        producer = self._producer
         try:
             while True:
+                if generation != self._generation:
+                    raise DataflowError("this prefetcher iterator was replaced by a newer iter(prefetcher); "
+                                        "iterate the new one")
                 t0 = time.perf_counter()
-                item = self._pending.popleft() if self._pending else self._queue.get()
+                item = self._pending.popleft() if self._pending else producer.queue.get()
                 wait = time.perf_counter() - t0
                 if item is _DONE:
                     self._it = None
@@ -248,7 +268,8 @@ class DevicePrefetcher:
                 del item
                 yield batch
         finally:
-            self.close()
+            if generation == self._generation:
+                self.close()
 
     def _wait_for(self, event: _TimedEvent, batch: Any) -> None:
         current = torch.cuda.current_stream(self.device)
@@ -263,23 +284,23 @@ class DevicePrefetcher:
     def close(self) -> None:
         """Stop the producer thread, keeping what it read ahead for the next iteration (called on
         exhaustion, `break`, garbage collection)."""
-        self._stop.set()
-        t = self._thread
-        if t is None or t is threading.current_thread():
+        p, self._producer = self._producer, None
+        if p is None:
             return
-        t.join(timeout=JOIN_S)
-        self._thread = None
-        if t.is_alive():  # stuck in the upstream: abandon that iterator, the next iter() starts a new one
+        p.stop.set()
+        if p.thread is threading.current_thread():
+            return
+        p.thread.join(timeout=JOIN_S)
+        if p.thread.is_alive():  # stuck in the upstream: abandon that iterator, the next iter() starts a new one
             self._it = None
             self._pending.clear()
             return
         while True:
             try:
-                self._pending.append(self._queue.get_nowait())
+                self._pending.append(p.queue.get_nowait())
             except queue.Empty:
                 break
-        self._pending.extend(self._carry)
-        self._carry = []
+        self._pending.extend(p.carry)
 
     def __del__(self) -> None:
         try:

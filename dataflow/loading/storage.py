@@ -138,14 +138,13 @@ class Storage:
         once per machine (the first reader decodes under a lock, the others wait and then map it), held
         until `release`."""
         path = self._entry(shard) + decoded.suffix(fmt)
-        hit = [True]
+        decoded_here = [False]
 
         def decode() -> None:
-            hit[0] = False
-            self._decode(shard, path, fmt, itemsize)
+            decoded_here[0] = self._decode(shard, path, fmt, itemsize)
 
         out = self._hold(path, 2 * shard.tokens, lambda: os.path.exists(path), decode)
-        if hit[0]:
+        if not decoded_here[0]:  # found made, by another process or thread (perhaps while waiting for it)
             with self._mu:
                 self.decode_hits += 1
         return out
@@ -234,7 +233,8 @@ class Storage:
             unlock(fd)
         return path
 
-    def _decode(self, shard: ShardInfo, path: str, fmt: str, itemsize: int) -> None:
+    def _decode(self, shard: ShardInfo, path: str, fmt: str, itemsize: int) -> bool:
+        """Decode the shard into `path` unless someone else just did; whether this call decoded it."""
         if self.cache_limit is None and not self.remote and self._limit_arg is None:
             self.cache_limit = cache.resolve_limit(None, self.cache_dir)  # a local dataset's first use of the cache
         self._make_room(decoded.size_bound(shard, fmt))
@@ -252,6 +252,7 @@ class Storage:
             with self._mu:
                 self.decodes += 1
                 self.decode_s += seconds
+        return bool(seconds)
 
     def _release_entry(self, path: str) -> None:
         with self._mu:
