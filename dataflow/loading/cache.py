@@ -102,10 +102,10 @@ def complete(entry: str, size: int) -> bool:
 def stamp(entry: str) -> None:
     """Record that `entry`, as it is now (this file: device, inode, size), was checked against its sha256."""
     st = os.stat(entry)
-    tmp = f"{entry}.ok.{os.getpid()}-{threading.get_ident()}"
-    with open(tmp, "w") as f:
+    # written in place, by the holder of the entry's `.dl` lock only: a torn stamp matches nothing, so the
+    # entry is hashed again (a temp file beside it would look like an entry to `evict`)
+    with open(entry + ".ok", "w") as f:
         f.write(f"{st.st_dev}:{st.st_ino}:{st.st_size}")
-    os.replace(tmp, entry + ".ok")
 
 
 def stamped(entry: str) -> bool:

@@ -22,22 +22,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
 from dataflow.loading.mixing import Blend
-from dataflow.loading.plan import BatchPlan, LoaderState
+from dataflow.loading.plan import BatchPlan, LoaderState, rank_world
 from dataflow.loading.shards import OpenShard
 from dataflow.loading.shuffle import EpochOrder
 from dataflow.loading.storage import Storage, prefetch_shards
-
-
-def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is not None or world_size is not None:
-        rank, world_size = rank or 0, world_size or 1
-    elif torch.distributed.is_available() and torch.distributed.is_initialized():
-        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    else:
-        rank, world_size = 0, 1
-    if not 0 <= rank < world_size:
-        raise ConfigError(f"rank {rank} is outside world size {world_size}")
-    return rank, world_size
 
 
 class StreamingDataset(IterableDataset):
@@ -171,7 +159,7 @@ class StreamingDataset(IterableDataset):
         return int(self.counts.sum())
 
     def rank_world(self) -> tuple[int, int]:
-        return _rank_world(self.rank_arg, self.world_arg)
+        return rank_world(self.rank_arg, self.world_arg)
 
     def __len__(self) -> int:
         """This rank's samples in one epoch (the same on every rank, whatever the position)."""

@@ -26,115 +26,27 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import multiprocessing.connection as mpc
+import os
 import pickle
 import time
 import traceback
-import weakref
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
 from dataflow.errors import DataflowError, WorkerDied
 from dataflow.loading.plan import BatchPlan
+from dataflow.loading.ring import SlotRing, _Lease  # noqa: F401  (_Lease: the type of a held lend)
 from dataflow.loading.stages import FIELDS, BatchTiming, Hook, add_batch, track_name
 
-PAGE = 4096
 POLL_S = 0.05
 PARENT_CHECK_S = 1.0  # how often an idle worker checks that its parent is alive
 _JOB, _BATCH, _ROWS, _STATE, _STAGES = 0, 1, 2, 3, 4  # columns of the slot table; then its FIELDS
 FREE, FILLED, LENT = 0.0, 1.0, 2.0  # slot states
-
-
-@dataclass(frozen=True)
-class Field:
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    offset: int  # within a slot
-
-
-class SlotRing:
-    """`slots` buffers of one batch layout in a single shared, page-aligned segment."""
-
-    def __init__(self, layout: dict[str, tuple[tuple[int, ...], Any]], slots: int):
-        fields, offset = [], 0
-        for name, (shape, dtype) in layout.items():
-            dtype = np.dtype(dtype)
-            fields.append(Field(name, tuple(shape), dtype, offset))
-            offset += _round_up(int(np.prod(shape)) * dtype.itemsize, PAGE)
-        self.fields = fields
-        self.slot_bytes = max(offset, PAGE)
-        self.slots = slots
-        self.buffer = torch.empty(self.slot_bytes * slots, dtype=torch.uint8).share_memory_()
-        self.pinned = False
-        self._numpy: list[dict[str, np.ndarray]] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_numpy"] = None
-        state["pinned"] = False
-        return state
-
-    def numpy_views(self, slot: int) -> dict[str, np.ndarray]:
-        """The slot's fields as numpy arrays (what a worker fills)."""
-        if self._numpy is None:
-            flat = self.buffer.numpy()
-            self._numpy = [{f.name: flat[s * self.slot_bytes + f.offset:][:int(np.prod(f.shape)) * f.dtype.itemsize]
-                            .view(f.dtype).reshape(f.shape) for f in self.fields} for s in range(self.slots)]
-        return self._numpy[slot]
-
-    def lend(self, slot: int, rows: int, on_release: Callable[[], None]) -> tuple[dict[str, torch.Tensor], "_Lease"]:
-        """Tensors viewing the slot's first `rows` rows, and the lease that runs `on_release()` once none
-        of them (nor any view of them) is referenced any more."""
-        arrays = [v.view() if rows == v.shape[0] else v[:rows] for v in self.numpy_views(slot).values()]
-        lease = _Lease(arrays, on_release)
-        return {f.name: torch.from_numpy(a) for f, a in zip(self.fields, arrays)}, lease
-
-    def copy(self, slot: int, rows: int) -> dict[str, torch.Tensor]:
-        """An owned copy of the slot's first `rows` rows (page-locked like the ring when it is pinned)."""
-        out = {}
-        for name, view in self.numpy_views(slot).items():
-            src = torch.from_numpy(view[:rows])
-            out[name] = torch.empty_like(src, pin_memory=self.pinned).copy_(src)
-        return out
-
-    def pin(self) -> None:
-        """Page-lock the ring so host-to-device copies from it are truly asynchronous."""
-        if not self.pinned and torch.cuda.is_available():
-            err = torch.cuda.cudart().cudaHostRegister(self.buffer.data_ptr(), self.buffer.numel(), 0)
-            self.pinned = int(getattr(err, "value", err)) == 0
-
-    def unpin(self) -> None:
-        if self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.buffer.data_ptr())
-            self.pinned = False
-
-
-class _Lease:
-    """Watches the fresh numpy arrays a lent slot's tensors were made from (each tensor, and every view of
-    it, keeps its array alive): when the last one is gone, `on_release()` runs, once, in whatever thread
-    dropped it. The pool holds the lease until then (its weak references must outlive the arrays)."""
-
-    __slots__ = ("_refs", "_drops", "_n", "_on_release")
-
-    def __init__(self, arrays: list[np.ndarray], on_release: Callable[[], None]):
-        self._on_release, self._n = on_release, len(arrays)
-        self._drops = itertools.count(1)  # next() is atomic: two threads dropping fields cannot both miss
-        self._refs = [weakref.ref(a, self._dropped) for a in arrays]
-
-    def _dropped(self, _ref: Any) -> None:
-        if next(self._drops) == self._n:
-            self._on_release()
-
-
-def _round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
 
 
 @dataclass
@@ -407,4 +319,4 @@ def _restore(payload: bytes | None, text: str, worker: int) -> BaseException:
     return DataflowError(f"loader worker {worker} failed:\n{text}")
 
 
-__all__ = ["SlotRing", "WorkerPool", "WorkerDied"]
+__all__ = ["SlotRing", "WorkerPool", "WorkerDied"]  # SlotRing: from ring.py

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+import torch
+
 from dataflow.errors import ConfigError
 
 STATE_VERSION = 2
@@ -103,3 +105,16 @@ class LoaderState:
                                   f"dataset has {getattr(current, key)} (different data or settings)")
         if self.consumed > self.num_samples:
             raise ConfigError(f"cannot resume: consumed={self.consumed} is beyond the epoch's {self.num_samples} samples")
+
+
+def rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world size): the arguments when given, else torch.distributed's when initialised, else (0, 1)."""
+    if rank is not None or world_size is not None:
+        rank, world_size = rank or 0, world_size or 1
+    elif torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        rank, world_size = 0, 1
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside world size {world_size}")
+    return rank, world_size

@@ -8,7 +8,6 @@ reader ever sees a partial or wrong file. `prefetch` downloads ahead in backgrou
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import logging
@@ -22,11 +21,12 @@ from typing import Any, Callable
 
 import fsspec
 
-from dataflow.errors import CacheFullError, FormatError, StorageError, cause
+from dataflow.errors import CacheFullError, StorageError, cause
 from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
 from dataflow.loading import cache, decoded
+from dataflow.loading.download import DISK_FULL, download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
 from dataflow.loading.cache import lock, unlock
 
@@ -38,11 +38,6 @@ PREFETCH_WORKERS = 4  # concurrent background downloads per process
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
 
 
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no retry: waiting frees no space
-
-
-class _Corrupt(Exception):
-    """Downloaded bytes differ from the manifest: retried, as it is often a damaged transfer."""
 
 
 def is_remote(root: str) -> bool:
@@ -242,7 +237,7 @@ class Storage:
             seconds = decoded.decode_into(path, shard, fmt, itemsize, lambda: self.local_path(shard),
                                           check_source=not self.remote)
         except OSError as e:
-            if e.errno in _DISK_FULL:
+            if e.errno in DISK_FULL:
                 raise self._full(shard, e) from cause(e)
             raise
         finally:
@@ -330,47 +325,11 @@ class Storage:
         return True
 
     def _download(self, shard: ShardInfo, path: str) -> None:
-        url = self.url(shard)
         fs, rroot = self._filesystem()
-        rpath = posixpath.join(rroot.rstrip("/"), shard.path)
-        tmp = cache.part_path(path, shard.bytes)
-        for attempt in range(1, self.retries + 1):
-            try:
-                fs.get_file(rpath, tmp)
-                size, digest = cache.sha256_and_sync(tmp)
-                if (size, digest) != (shard.bytes, shard.sha256):
-                    raise _Corrupt(f"got {size} bytes with sha256 {digest[:12]}..., the manifest says "
-                                   f"{shard.bytes} bytes with sha256 {shard.sha256[:12]}...")
-                os.replace(tmp, path)
-                cache.stamp(path)
-                with self._mu:
-                    self.downloads += 1
-                return
-            except OSError as e:
-                if e.errno in _DISK_FULL:
-                    raise self._full(shard, e) from cause(e)
-                if isinstance(e, FileNotFoundError):
-                    raise FormatError(f"{url}: shard listed in the manifest is not there (not found); "
-                                      "re-upload it or check the dataset URL") from None
-                self._retry_or_raise(url, e, attempt)
-            except Exception as e:
-                self._retry_or_raise(url, e, attempt)
-            finally:
-                cache.remove(tmp)
-
-    def _retry_or_raise(self, url: str, e: Exception, attempt: int) -> None:
-        """Sleep before the next attempt when `e` is transient and attempts are left, else raise."""
-        if not (isinstance(e, _Corrupt) or remote.transient(e)):
-            raise (explain(url, e) or StorageError(f"{url}: download refused ({remote.describe(e)}); check the URL, "
-                                                   "credentials and storage_options")) from cause(e)
-        if attempt == self.retries:
-            if isinstance(e, _Corrupt):
-                raise FormatError(f"{url}: downloaded bytes do not match the manifest after "
-                                  f"{attempt} attempts ({e}); the remote shard is damaged or was "
-                                  f"rewritten: run `dataflow verify {self.root}`") from None
-            raise StorageError(f"{url}: download failed after {attempt} attempts "
-                               f"({remote.describe(e)}); check the network and the server, then retry") from cause(e)
-        remote.backoff(url, attempt, e)
+        download_verified(fs, posixpath.join(rroot.rstrip("/"), shard.path), path, shard, self.url(shard),
+                          self.retries, self.root, lambda e: self._full(shard, e))
+        with self._mu:
+            self.downloads += 1
 
     def _check_space(self, shard: ShardInfo) -> None:
         """Refuse a download that cannot fit on the cache's disk, before writing any of it."""

@@ -1,0 +1,65 @@
+"""One shard's download: to a part file, checked against the manifest's size and sha256, renamed into place.
+
+Transient failures (5xx, resets, timeouts, a damaged transfer) are retried with backoff
+(`formats/remote.py`); a refusal is one line that says what to do; a full disk is not retried.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any, Callable
+
+from dataflow.errors import FormatError, StorageError, cause
+from dataflow.formats import remote
+from dataflow.formats.manifest import ShardInfo
+from dataflow.formats.remote_errors import explain
+from dataflow.loading import cache
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no retry: waiting frees no space
+
+
+class _Corrupt(Exception):
+    """Downloaded bytes differ from the manifest: retried, as it is often a damaged transfer."""
+
+
+def download_verified(fs: Any, rpath: str, path: str, shard: ShardInfo, url: str, retries: int, dataset: str,
+                      disk_full: Callable[[OSError], BaseException]) -> None:
+    """`fs:rpath` into `path` (the cache entry), whole and verified, stamped as such, or an error."""
+    tmp = cache.part_path(path, shard.bytes)
+    for attempt in range(1, retries + 1):
+        try:
+            fs.get_file(rpath, tmp)
+            size, digest = cache.sha256_and_sync(tmp)
+            if (size, digest) != (shard.bytes, shard.sha256):
+                raise _Corrupt(f"got {size} bytes with sha256 {digest[:12]}..., the manifest says "
+                               f"{shard.bytes} bytes with sha256 {shard.sha256[:12]}...")
+            os.replace(tmp, path)
+        except OSError as e:
+            if e.errno in DISK_FULL:
+                raise disk_full(e) from cause(e)
+            if isinstance(e, FileNotFoundError):
+                raise FormatError(f"{url}: shard listed in the manifest is not there (not found); "
+                                  "re-upload it or check the dataset URL") from None
+            _retry_or_raise(url, e, attempt, retries, dataset)
+        except Exception as e:
+            _retry_or_raise(url, e, attempt, retries, dataset)
+        else:
+            cache.stamp(path)  # the download is in place: only its stamp is left to write
+            return
+        finally:
+            cache.remove(tmp)
+
+
+def _retry_or_raise(url: str, e: Exception, attempt: int, retries: int, dataset: str) -> None:
+    """Sleep before the next attempt when `e` is transient and attempts are left, else raise."""
+    if not (isinstance(e, _Corrupt) or remote.transient(e)):
+        raise (explain(url, e) or StorageError(f"{url}: download refused ({remote.describe(e)}); check the URL, "
+                                               "credentials and storage_options")) from cause(e)
+    if attempt == retries:
+        if isinstance(e, _Corrupt):
+            raise FormatError(f"{url}: downloaded bytes do not match the manifest after {attempt} attempts ({e}); "
+                              f"the remote shard is damaged or was rewritten: run `dataflow verify {dataset}`") from None
+        raise StorageError(f"{url}: download failed after {attempt} attempts ({remote.describe(e)}); check the "
+                           "network and the server, then retry") from cause(e)
+    remote.backoff(url, attempt, e)
