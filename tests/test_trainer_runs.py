@@ -284,3 +284,27 @@ def test_training_runs_on_across_epochs_and_resumes_inside_the_second(tmp_path, 
     resumed = losses(tmp_path / "run" / "resumed.jsonl")
     full = {r["step"]: (r["loss"], r["grad_norm"]) for r in recs}
     assert sorted(resumed) == list(range(19, 37)) and all(resumed[s] == full[s] for s in resumed)
+
+
+def test_the_trainer_hands_the_loader_itself_to_the_prefetcher(kjv_data, tmp_path, monkeypatch):
+    """The product's path: no generator between the loader and the prefetcher (a generator hid the loader's
+    pinning and slot sizing, and carried the resume state beside the batches)."""
+    import dataflow
+    from trainer import loop
+
+    seen = []
+    real = dataflow.DevicePrefetcher
+
+    def recording(batches, **kw):
+        pf = real(batches, **kw)
+        seen.append((batches, pf))
+        return pf
+
+    monkeypatch.setattr(loop.dataflow, "DevicePrefetcher", recording)
+    sets = settings(kjv_data, tmp_path, "train.steps=3", "checkpoint.every=3", "data.num_workers=1")
+    assert run_here(sets)["step"] == 3
+    (upstream, pf), = seen
+    assert isinstance(upstream, dataflow.StreamingDataLoader) and upstream.cycle
+    assert upstream.pin_memory is False and pf.pinned is False  # on CPU; pin_memory follows the device
+    state = json.loads((tmp_path / "ck" / "step-000003" / "trainer_state.json").read_text())["loader"]
+    assert state == pf.state_dict() and state["consumed"] == 3 * 8  # steps x batch (1 process)
