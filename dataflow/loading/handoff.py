@@ -207,8 +207,7 @@ class WorkerPool:
             return batch
         batch = self.ring.copy(slot, rows)
         self.copies += 1
-        self._table[slot, _STATE] = FREE
-        self.shared[w].free.release()
+        self._free(w, slot)
         return batch
 
     def _give_back(self, w: int, slot: int, token: int) -> None:
@@ -221,6 +220,9 @@ class WorkerPool:
             return
         self._leases.pop(slot, None)
         self._lent[w].discard(slot)
+        self._free(w, slot)
+
+    def _free(self, w: int, slot: int) -> None:
         self._table[slot, _STATE] = FREE  # before the post: a permit always finds a FREE slot
         self.shared[w].free.release()
 
@@ -281,8 +283,7 @@ class WorkerPool:
             pass
         for slot in shared.slots:  # filled for the old job and never taken: free again
             if self._table[slot, _STATE] == FILLED:
-                self._table[slot, _STATE] = FREE
-                shared.free.release()
+                self._free(w, slot)
 
     def close(self) -> None:
         self.closed = True

@@ -10,6 +10,7 @@ the whole resume state, valid for any number of workers or ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -90,8 +91,7 @@ class StreamingDataLoader:
 
     def __len__(self) -> int:
         """Batches of one epoch for this rank (the same on every rank)."""
-        per_rank = len(self.dataset)
-        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+        return dataclasses.replace(self.dataset.plan(self.batch_size, self.drop_last), consumed=0).num_batches
 
     @property
     def pinned(self) -> bool:
