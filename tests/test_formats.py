@@ -40,10 +40,14 @@ def test_writer_round_trip(tmp_path, fmt, comp):
         assert not os.path.isabs(s.path)
 
 
-@pytest.mark.parametrize("fmt", ["arrow", "tar"])
-def test_write_batch_gives_the_shards_of_one_by_one_writes(tmp_path, fmt):
-    """Batches that straddle shard boundaries (and batches of one) cut shards exactly where single writes do."""
+@pytest.mark.parametrize("fmt,batch_tokens", [("arrow", 1 << 21), ("arrow", 700), ("tar", 1 << 21)])
+def test_write_batch_gives_the_shards_of_one_by_one_writes(tmp_path, monkeypatch, fmt, batch_tokens):
+    """Batches that straddle shard (and record batch) boundaries, and batches of one, cut shards exactly where
+    single writes do, byte for byte."""
+    import dataflow.formats.arrow as arrow
     from dataflow.formats.writer import DocIds
+
+    monkeypatch.setattr(arrow, "RECORD_BATCH_TOKENS", batch_tokens)
 
     docs = _docs(700, seed=3)
     ids = [f"doc-{i}-é" for i in range(700)]  # non-ASCII: offsets are in bytes
@@ -102,6 +106,35 @@ def test_arrow_record_batches_and_layout(tmp_path, monkeypatch):
     shard = ArrowShard(str(tmp_path / "shard-00000.arrow"))
     assert shard.num_batches > 5
     assert shard.num_tokens == sum(len(d) for d in docs) and shard.num_documents == 100
+    # every record batch but the last closes with the document that brings it to RECORD_BATCH_TOKENS
+    lengths, start = [len(d) for d in docs], 0
+    for i in range(shard.num_batches):
+        n = int(shard.batch_docs[i])
+        assert sum(lengths[start:start + n]) == shard.batch_tokens[i]
+        if i < shard.num_batches - 1:
+            assert sum(lengths[start:start + n - 1]) < 1000 <= sum(lengths[start:start + n])
+        start += n
+    values, offsets, ids = shard.batch(2)
+    np.testing.assert_array_equal(values[offsets[0]:offsets[1]], docs[int(shard.batch_docs[:2].sum())])
+
+
+def test_an_unfinished_arrow_shard_is_never_seen(tmp_path, monkeypatch):
+    """Record batches go to disk as they fill, under a hidden temp name: an exception leaves no shard and no
+    temp file, and the shards before it intact."""
+    import dataflow.formats.arrow as arrow
+
+    monkeypatch.setattr(arrow, "RECORD_BATCH_TOKENS", 500)
+    docs = _docs(200)
+    with pytest.raises(RuntimeError):
+        with ShardWriter(str(tmp_path), tokenizer_meta=BYTES, shard_size="20KB") as w:
+            for d in docs:
+                w.write(d)
+                if w.shards and len(os.listdir(tmp_path)) == 2:  # one shard done, the next one being written
+                    hidden = [n for n in os.listdir(tmp_path) if n.startswith(".")]
+                    assert hidden and hidden[0].endswith(".tmp") and w._file.layout
+                    raise RuntimeError("stop")
+    assert sorted(os.listdir(tmp_path)) == ["shard-00000.arrow"]
+    assert ArrowShard(str(tmp_path / "shard-00000.arrow")).num_documents == w.shards[0].documents
 
 
 def test_writer_rejects_out_of_range_tokens(tmp_path):

@@ -100,19 +100,26 @@ def test_without_gigatoken_auto_falls_back_to_tiktoken_with_the_reason(fresh_pro
 def test_a_gigatoken_proof_and_a_refusal_are_remembered_per_file_and_versions(fresh_proofs, sp_bpe, monkeypatch):
     first = load_tokenizer(str(GPT2_JSON))
     assert first.engine == "gigatoken" and "cached" not in first.engine_reason
-    (record,) = fresh_proofs.glob("*-gigatoken*-tokenizers*.json")
+    (record,) = [p for p in fresh_proofs.glob("*-gigatoken*-tokenizers*.json") if not p.name.endswith(".engine.json")]
+    (engine_file,) = fresh_proofs.glob("*.engine.json")  # the JSON gigatoken loads, kept with the proof
+    assert json.loads(engine_file.read_text())["model"]["type"] == "BPE"
     monkeypatch.setattr(gigatoken_engine, "_PROVEN", {})  # a new process on the same machine
 
     def no_proof(expected, actual, texts, *args):
         assert not texts, "proved again although the proof was remembered"
 
     monkeypatch.setattr(bpe_convert, "first_mismatch", no_proof)
+    monkeypatch.setattr(bpe_convert, "parse_tokenizer_json", lambda data: pytest.fail("parsed the JSON again"))
     second = load_tokenizer(str(GPT2_JSON), sample=[])
     assert second.engine == "gigatoken" and "proof cached on this machine" in second.engine_reason
     monkeypatch.undo()
     text = ["Hello <|endoftext|> world 1234"]
     assert same_ids(second.encode_batch(text), reference_ids(GPT2_JSON, text))
     monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(fresh_proofs))
+    engine_file.write_text(engine_file.read_text()[:1000])  # a damaged copy is not loaded: the JSON is read again
+    monkeypatch.setattr(gigatoken_engine, "_PROVEN", {})
+    assert load_tokenizer(str(GPT2_JSON), sample=[]).engine == "gigatoken"
+    assert json.loads(engine_file.read_text())["model"]["type"] == "BPE"
     monkeypatch.setattr(gigatoken_engine, "_PROVEN", {})
     record.write_text(json.dumps({"ok": False, "text": "probe text 3 differs"}))  # an earlier refusal
     refused = load_tokenizer(str(GPT2_JSON))

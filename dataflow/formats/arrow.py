@@ -7,8 +7,11 @@ token offset to its record batch from the footer alone, without decompressing an
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import tempfile
 from typing import Iterator
 
 import numpy as np
@@ -21,40 +24,90 @@ LAYOUT_KEY = b"dataflow.batches"  # JSON [[documents, tokens], ...] per record b
 SOURCE_KEY = b"dataflow.decoded_from"  # in a decoded copy: the sha256 of the compressed shard it came from
 
 
-def encode_arrow_shard(values: np.ndarray, offsets: np.ndarray, ids: pa.Array, dtype: str, compression: str,
-                       zstd_level: int | None = None) -> pa.Buffer:
-    """Serialise documents (flat `values` cut at `offsets`, with their `ids`) into one Arrow IPC file."""
-    arrow_type = pa.uint16() if dtype == "uint16" else pa.uint32()
-    offsets = np.asarray(offsets, dtype=np.int64)
-    groups = _record_batch_groups(np.diff(offsets).tolist())
-    layout = [[stop - start, int(offsets[stop] - offsets[start])] for start, stop in groups]
-    schema = pa.schema([("tokens", pa.list_(arrow_type)), ("id", pa.string())],
-                       metadata={LAYOUT_KEY: json.dumps(layout).encode()})
+def arrow_type(dtype: str) -> pa.DataType:
+    return pa.uint16() if dtype == "uint16" else pa.uint32()
+
+
+def _ipc_options(compression: str, zstd_level: int | None) -> pa.ipc.IpcWriteOptions:
     codec = None
     if compression == "zstd":
         codec = pa.Codec("zstd", compression_level=zstd_level) if zstd_level is not None else "zstd"
-    options = pa.ipc.IpcWriteOptions(compression=codec)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema, options=options) as writer:
-        for start, stop in groups:
-            local = (offsets[start:stop + 1] - offsets[start]).astype(np.int32)
-            chunk = values[offsets[start]:offsets[stop]].astype(dtype, copy=False)
-            tokens = pa.ListArray.from_arrays(pa.array(local), pa.array(chunk, type=arrow_type))
-            writer.write_batch(pa.record_batch([tokens, ids.slice(start, stop - start)], schema=schema))
-    return sink.getvalue()
+    return pa.ipc.IpcWriteOptions(compression=codec)
 
 
-def _record_batch_groups(lengths: list[int]) -> list[tuple[int, int]]:
-    """Cut documents into consecutive groups of about RECORD_BATCH_TOKENS tokens."""
-    groups, start, acc = [], 0, 0
-    for i, n in enumerate(lengths):
-        acc += n
-        if acc >= RECORD_BATCH_TOKENS:
-            groups.append((start, i + 1))
-            start, acc = i + 1, 0
-    if start < len(lengths) or not groups:
-        groups.append((start, len(lengths)))
-    return groups
+class ArrowShardFile:
+    """One Arrow shard written a record batch at a time: each batch is compressed and written as soon as
+    it is added, so a writer holds one record batch, not a shard, and no compression is left for the end.
+
+    The layout (documents and tokens per batch) belongs in the schema metadata, which Arrow writes before
+    the first batch and again in the footer; it is only known at the end. The schema therefore carries a
+    fixed-width placeholder, sized for the most batches a shard can hold, that `commit()` overwrites in
+    both places with the layout padded by spaces (still plain JSON). The file is written under a temp
+    name and renamed once complete, so a reader never sees half of it.
+    """
+
+    _PENDING = b'"dataflow: layout pending"'
+
+    def __init__(self, path: str, dtype: str, compression: str, zstd_level: int | None, max_batches: int):
+        self.path = path
+        self.dtype = dtype
+        self.layout: list[list[int]] = []
+        self._width = 2 + 48 * max(max_batches, 1)  # "[[docs, tokens], ...]": at most 48 bytes an entry
+        self._placeholder = self._PENDING + b" " * (self._width - len(self._PENDING))
+        self._schema = pa.schema([("tokens", pa.list_(arrow_type(dtype))), ("id", pa.string())],
+                                 metadata={LAYOUT_KEY: self._placeholder})
+        fd, self._tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                                         dir=os.path.dirname(os.path.abspath(path)))
+        os.close(fd)
+        self._sink = pa.OSFile(self._tmp, "wb")
+        self._writer = pa.ipc.new_file(self._sink, self._schema, options=_ipc_options(compression, zstd_level))
+
+    def add(self, values: np.ndarray, offsets: np.ndarray, ids: pa.Array) -> None:
+        """Write documents `values[offsets[i]:offsets[i+1]]` (offsets from 0) with their ids as one record batch."""
+        tokens = pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)),
+                                          pa.array(values.astype(self.dtype, copy=False), type=arrow_type(self.dtype)))
+        self._writer.write_batch(pa.record_batch([tokens, ids], schema=self._schema))
+        self.layout.append([len(ids), int(offsets[-1])])
+
+    def commit(self) -> tuple[int, str]:
+        """Finish the file, fill in the layout, make it durable and rename it into place: (bytes, sha256)."""
+        self._writer.close()
+        self._sink.close()
+        text = json.dumps(self.layout, separators=(",", ":")).encode()
+        if len(text) > self._width:
+            raise RuntimeError(f"{self.path}: {len(self.layout)} record batches overflow the layout field")
+        final = text + b" " * (self._width - len(text))
+        with open(self._tmp, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            # the schema message follows the 8-byte magic and its 8-byte prefix; the footer ends 10 bytes
+            # before the end of the file, its length stored just before the closing magic
+            head = os.pread(f.fileno(), int.from_bytes(os.pread(f.fileno(), 4, 12), "little") + 16, 0)
+            footer_len = int.from_bytes(os.pread(f.fileno(), 4, size - 10), "little")
+            footer_at = size - 10 - footer_len
+            footer = os.pread(f.fileno(), footer_len, footer_at)
+            for region, base in ((head, 0), (footer, footer_at)):
+                at = region.find(self._placeholder)
+                if at < 0 or region.find(self._placeholder, at + 1) >= 0:
+                    raise RuntimeError(f"{self.path}: cannot find the layout placeholder of the shard")
+                os.pwrite(f.fileno(), final, base + at)
+            digest = hashlib.sha256()
+            f.seek(0)
+            while block := f.read(1 << 22):
+                digest.update(block)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(self._tmp, 0o644)  # mkstemp makes 0600; a dataset is meant to be shared
+        os.replace(self._tmp, self.path)
+        return size, digest.hexdigest()
+
+    def abort(self) -> None:
+        """Drop the unfinished file."""
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        with contextlib.suppress(Exception):
+            self._sink.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._tmp)
 
 
 class ArrowShard:

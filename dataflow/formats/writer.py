@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.errors import ConfigError
-from dataflow.formats.arrow import encode_arrow_shard
+from dataflow.formats import arrow
 from dataflow.formats.atomic import atomic_open
 from dataflow.formats.manifest import COMPRESSIONS, FORMATS, Manifest, ShardInfo, TokenizerMeta, write_manifest
 
@@ -50,6 +50,14 @@ def shard_extension(format: str, compression: str) -> str:
     return ".tar.zst" if compression == "zstd" else ".tar"
 
 
+def _string_array(offsets: np.ndarray, data: bytes) -> pa.Array:
+    """A pyarrow string array from offsets (from 0) into UTF-8 bytes."""
+    if len(data) < 1 << 31:
+        return pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))
+    return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets.astype(np.int64)),
+                                            pa.py_buffer(data)).cast(pa.string())
+
+
 class DocIds:
     """Document ids as UTF-8 bytes laid end to end plus offsets: many ids without a Python object each."""
 
@@ -73,6 +81,10 @@ class DocIds:
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
+
+    def arrow(self) -> pa.Array:
+        """As a pyarrow string array."""
+        return _string_array(self.offsets, self.data)
 
     def slice(self, start: int, stop: int) -> "DocIds":
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])
@@ -109,8 +121,8 @@ class _ShardBuffer:
         return len(self.token_lengths)
 
     @property
-    def nbytes(self) -> int:
-        return len(self.tokens)
+    def ntokens(self) -> int:
+        return len(self.tokens) // self.dtype.itemsize
 
     def values(self) -> np.ndarray:
         return np.frombuffer(self.tokens, dtype=self.dtype)
@@ -120,8 +132,7 @@ class _ShardBuffer:
 
     def id_array(self) -> pa.Array:
         offsets = np.concatenate([[0], np.cumsum(np.frombuffer(self.id_lengths, dtype=np.int64))])
-        return pa.LargeStringArray.from_buffers(len(self), pa.py_buffer(offsets.astype(np.int64)),
-                                                pa.py_buffer(bytes(self.ids))).cast(pa.string())
+        return _string_array(offsets, bytes(self.ids))
 
 
 class ShardWriter:
@@ -130,6 +141,8 @@ class ShardWriter:
     >>> with ShardWriter("out", tokenizer_meta=meta) as w:
     ...     w.write([72, 105, 256], id="doc-0")
 
+    Arrow shards are written a record batch at a time (`ArrowShardFile`): the writer holds the documents
+    of one record batch, and each batch is compressed as soon as it is full. Tar shards are encoded whole.
     The manifest is written when the context exits cleanly (or on `close()`); after an exception
     the finished shards stay on disk but no manifest claims them.
     """
@@ -154,7 +167,9 @@ class ShardWriter:
         self.prefix = prefix
         self.next_index = first_index
         self.shards: list[ShardInfo] = []
-        self._open = _ShardBuffer(self.dtype)
+        self._pending = _ShardBuffer(self.dtype)  # arrow: the record batch being filled; tar: the whole shard
+        self._file: arrow.ArrowShardFile | None = None  # the Arrow shard being written
+        self._shard_docs = self._shard_tokens = 0  # documents and tokens of the open shard, written or pending
         self._written_docs = 0
         self._closed = False
         os.makedirs(out, exist_ok=True)
@@ -166,17 +181,19 @@ class ShardWriter:
             raise ConfigError(f"document {id!r}: tokens must be one-dimensional, got shape {arr.shape}")
         if arr.dtype != self.dtype and arr.size and (arr.min() < 0 or arr.max() > self._max_id):
             raise ConfigError(f"document {id!r}: token ids must lie in [0, {self._max_id}]")
-        self._open.add(arr, str(self._written_docs) if id is None else str(id))
-        self._written_docs += 1
-        if self._open.nbytes >= self.shard_size:
+        self._pending.add(arr, str(self._written_docs) if id is None else str(id))
+        self._added(1, arr.size)
+        if self._shard_tokens * self.dtype.itemsize >= self.shard_size:
             return self.flush()
+        if self.format == "arrow" and self._pending.ntokens >= arrow.RECORD_BATCH_TOKENS:
+            self._write_pending()
         return None
 
     def fill_count(self, lengths: np.ndarray) -> int:
         """How many of these documents (token counts, in order) go into the open shard: up to and
         including the one that completes it, or all of them."""
         cum = np.cumsum(lengths, dtype=np.int64) * self.dtype.itemsize
-        k = int(np.searchsorted(cum, self.shard_size - self._open.nbytes, side="left"))
+        k = int(np.searchsorted(cum, self.shard_size - self._shard_tokens * self.dtype.itemsize, side="left"))
         return min(k + 1, len(lengths))
 
     def write_batch(self, values: np.ndarray, offsets: np.ndarray, ids: DocIds) -> list[ShardInfo]:
@@ -192,37 +209,81 @@ class ShardWriter:
         done, i = [], 0
         while i < len(lengths):
             end = i + self.fill_count(lengths[i:])
-            self._open.add_many(values[offsets[i]:offsets[end]], lengths[i:end], ids.slice(i, end))
-            self._written_docs += end - i
-            if self._open.nbytes >= self.shard_size:
+            if self.format == "arrow":  # or sooner, where a record batch fills up
+                cum = np.cumsum(lengths[i:end], dtype=np.int64)
+                k = int(np.searchsorted(cum, arrow.RECORD_BATCH_TOKENS - self._pending.ntokens, side="left"))
+                end = min(end, i + k + 1)
+            part = values[offsets[i]:offsets[end]]
+            if self.format == "arrow" and not len(self._pending) and self._pending_would_fill(lengths[i:end]):
+                self._open_file().add(part, offsets[i:end + 1] - offsets[i], ids.slice(i, end).arrow())
+            else:  # pending: copied into the buffer until its record batch (or tar shard) is complete
+                self._pending.add_many(part, lengths[i:end], ids.slice(i, end))
+                if self.format == "arrow" and self._pending.ntokens >= arrow.RECORD_BATCH_TOKENS:
+                    self._write_pending()
+            self._added(end - i, int(offsets[end] - offsets[i]))
+            if self._shard_tokens * self.dtype.itemsize >= self.shard_size:
                 done.append(self.flush())
             i = end
         return done
 
+    def _pending_would_fill(self, lengths: np.ndarray) -> bool:
+        """Whether these documents complete a record batch by themselves (then they skip the buffer)."""
+        return int(lengths.sum()) >= arrow.RECORD_BATCH_TOKENS
+
+    def _added(self, docs: int, tokens: int) -> None:
+        self._written_docs += docs
+        self._shard_docs += docs
+        self._shard_tokens += tokens
+
+    def _open_file(self) -> arrow.ArrowShardFile:
+        if self._file is None:
+            tokens_per_batch = arrow.RECORD_BATCH_TOKENS
+            most = self.shard_size // (self.dtype.itemsize * tokens_per_batch) + 2
+            self._file = arrow.ArrowShardFile(os.path.join(self.out, self._next_name()), self.dtype.name,
+                                              self.compression, self.zstd_level, most)
+        return self._file
+
+    def _write_pending(self) -> None:
+        """The buffered documents as the next record batch of the open Arrow shard."""
+        self._open_file().add(self._pending.values(), self._pending.offsets(), self._pending.id_array())
+        self._pending = _ShardBuffer(self.dtype)
+
+    def _next_name(self) -> str:
+        return f"{self.prefix}{self.next_index:05d}{shard_extension(self.format, self.compression)}"
+
     def flush(self) -> ShardInfo | None:
-        """Write the buffered documents as a shard now (no-op when nothing is buffered)."""
-        shard = self._open
-        if not len(shard):
+        """Finish the open shard now (no-op when it holds nothing)."""
+        if not self._shard_docs:
             return None
-        name = f"{self.prefix}{self.next_index:05d}{shard_extension(self.format, self.compression)}"
-        values, offsets = shard.values(), shard.offsets()
+        name = self._next_name()
         if self.format == "arrow":
-            data = encode_arrow_shard(values, offsets, shard.id_array(), self.dtype.name, self.compression,
-                                      self.zstd_level)
+            if len(self._pending):
+                self._write_pending()
+            size, sha256 = self._file.commit()
+            self._file = None
         else:
             from dataflow.formats.tar import encode_tar_shard
-            docs = [values[offsets[i]:offsets[i + 1]] for i in range(len(shard))]
-            data = encode_tar_shard(docs, shard.id_array().to_pylist(), self.compression, self.zstd_level)
-        path = os.path.join(self.out, name)
-        with atomic_open(path) as f:
-            f.write(data)
-        info = ShardInfo(path=name, documents=len(shard), tokens=int(values.size), bytes=len(data),
-                         sha256=hashlib.sha256(data).hexdigest())
+
+            values, offsets = self._pending.values(), self._pending.offsets()
+            docs = [values[offsets[i]:offsets[i + 1]] for i in range(len(self._pending))]
+            data = encode_tar_shard(docs, self._pending.id_array().to_pylist(), self.compression, self.zstd_level)
+            with atomic_open(os.path.join(self.out, name)) as f:
+                f.write(data)
+            size, sha256 = len(data), hashlib.sha256(data).hexdigest()
+            self._pending = _ShardBuffer(self.dtype)
+        info = ShardInfo(path=name, documents=self._shard_docs, tokens=self._shard_tokens, bytes=size, sha256=sha256)
         self.shards.append(info)
         self.next_index += 1
-        del values
-        self._open = _ShardBuffer(self.dtype)
+        self._shard_docs = self._shard_tokens = 0
         return info
+
+    def abort(self) -> None:
+        """Drop the unfinished shard (its temp file); finished shards stay."""
+        if self._file is not None:
+            self._file.abort()
+            self._file = None
+        self._pending = _ShardBuffer(self.dtype)
+        self._shard_docs = self._shard_tokens = 0
 
     def manifest(self) -> Manifest:
         return Manifest(tokenizer=self.meta, format=self.format, compression=self.compression,
@@ -242,3 +303,5 @@ class ShardWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.close()
+        else:
+            self.abort()

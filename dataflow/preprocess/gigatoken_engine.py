@@ -13,6 +13,7 @@ the last load (a load costs ~0.2 s, and the fresh cache refills quickly on real 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from dataflow.formats.atomic import write_json_atomic
+from dataflow.formats.atomic import atomic_open, write_json_atomic
 from dataflow.preprocess import bpe_convert
 from dataflow.preprocess.bpe_convert import NotConvertible
 from dataflow.preprocess.flat import Flat, string_buffers
@@ -60,7 +61,7 @@ class GigatokenEngine:
     name = "gigatoken"
 
     def __init__(self, json_text: str, threads: int = 1) -> None:
-        self._json = json_text
+        self.json_text = json_text
         self.parallel = threads > 1
         self.restarts = 0  # fresh starts for the memory bound, for tests and the log
         self._load()
@@ -70,7 +71,7 @@ class GigatokenEngine:
 
         self._tok = None  # free the old cache before the new tokenizer allocates
         try:
-            self._tok = gigatoken.Tokenizer.from_json(self._json)
+            self._tok = gigatoken.Tokenizer.from_json(self.json_text)
         except Exception as e:  # gigatoken raises ValueError/RuntimeError for what it does not support
             first_line = (str(e).strip().splitlines() or [""])[0]
             raise NotConvertible(f"gigatoken cannot load it ({type(e).__name__}: {first_line})") from None
@@ -164,15 +165,19 @@ def _build_and_prove(data: bytes, sha256: str, reference: Reference, threads: in
         import gigatoken  # noqa: F401
     except ImportError:
         raise NotConvertible("gigatoken is not installed (pip install gigatoken)") from None
+    remembered = _recall(sha256)
+    if remembered is not None and not remembered.get("ok"):
+        raise NotConvertible(remembered["text"] + " (remembered on this machine)")
+    cached_json = _recall_engine_json(sha256, remembered) if remembered is not None else None
+    if cached_json is not None:  # proven before: not even the JSON needs parsing again
+        return GigatokenEngine(cached_json, threads), remembered["text"] + " (proof cached on this machine)"
     try:
         obj = bpe_convert.parse_tokenizer_json(data)
     except ValueError as e:
         raise NotConvertible(f"cannot parse the JSON ({e})") from None
-    remembered = _recall(sha256)
-    if remembered is not None and not remembered.get("ok"):
-        raise NotConvertible(remembered["text"] + " (remembered on this machine)")
     engine = GigatokenEngine(engine_json(obj), threads)
     if remembered is not None:
+        _remember(sha256, True, remembered["text"], engine.json_text)
         return engine, remembered["text"] + " (proof cached on this machine)"
     specials = [t["content"] for t in obj.get("added_tokens") or []]
     probe = bpe_convert.probe_texts(specials)
@@ -185,7 +190,7 @@ def _build_and_prove(data: bytes, sha256: str, reference: Reference, threads: in
     kind = "SentencePiece-style BPE with byte fallback" if (obj.get("model") or {}).get("byte_fallback") \
         else "byte-level BPE"
     proof = f"{kind}, equivalence proven on the probe ({len(probe)} texts) + all {len(vocab)} vocab tokens"
-    _remember(sha256, True, proof)
+    _remember(sha256, True, proof, engine.json_text)
     return engine, proof
 
 
@@ -198,11 +203,29 @@ def _recall(sha256: str) -> dict[str, Any] | None:
         return None
 
 
-def _remember(sha256: str, ok: bool, text: str) -> None:
-    """Best effort: a read-only home only means the next run proves again."""
+def _recall_engine_json(sha256: str, remembered: dict[str, Any]) -> str | None:
+    """The engine's tokenizer.json saved with a proof, if it is there and whole."""
+    try:
+        with open(_proof_path(sha256)[:-len(".json")] + ".engine.json", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if hashlib.sha256(data).hexdigest() != remembered.get("engine_sha256"):
+        return None
+    return data.decode("utf-8")
+
+
+def _remember(sha256: str, ok: bool, text: str, json_text: str | None = None) -> None:
+    """Best effort: a read-only home only means the next run proves again (or parses the JSON again)."""
     try:
         path = _proof_path(sha256)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_json_atomic(path, {"sha256": sha256, "ok": ok, "text": text})
+        record: dict[str, Any] = {"sha256": sha256, "ok": ok, "text": text}
+        if json_text is not None:
+            data = json_text.encode("utf-8")
+            with atomic_open(path[:-len(".json")] + ".engine.json") as f:
+                f.write(data)
+            record["engine_sha256"] = hashlib.sha256(data).hexdigest()
+        write_json_atomic(path, record)
     except OSError:
         pass
