@@ -167,3 +167,20 @@ def test_manifest_errors_are_clear(tmp_path):
     (tmp_path / "index.json").write_text(json.dumps({"version": 99}))
     with pytest.raises(FormatError, match="newer"):
         read_manifest(str(tmp_path))
+
+
+def test_a_failed_background_write_is_raised_not_lost(tmp_path, monkeypatch):
+    """Record batches are compressed and written on a thread: when writing fails there (here: the file is gone
+    from under it, as on a failed disk), the writer's next call raises, and no shard or manifest claims the data."""
+    import dataflow.formats.arrow as arrow
+
+    monkeypatch.setattr(arrow, "RECORD_BATCH_TOKENS", 500)
+    docs = _docs(300)
+    with pytest.raises(Exception, match="closed file"):
+        with ShardWriter(str(tmp_path), tokenizer_meta=BYTES, shard_size="1MB") as w:
+            for i, d in enumerate(docs):
+                w.write(d)
+                if w._file is not None and i == 50:
+                    w._file._sink.close()  # every later write of the shard fails on the writer's thread
+    assert not (tmp_path / "index.json").exists()
+    assert os.listdir(tmp_path) == []  # the unfinished shard's temp file is removed

@@ -11,7 +11,9 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import tempfile
+import threading
 from typing import Iterator
 
 import numpy as np
@@ -44,6 +46,10 @@ class ArrowShardFile:
     fixed-width placeholder, sized for the most batches a shard can hold, that `commit()` overwrites in
     both places with the layout padded by spaces (still plain JSON). The file is written under a temp
     name and renamed once complete, so a reader never sees half of it.
+
+    Compression and writing run on a thread of their own, a record batch or two behind `add()` (Arrow
+    releases the GIL while it compresses), so the process that produces the documents does not wait for
+    zstd; an error there is raised by the next `add()` or by `commit()`.
     """
 
     _PENDING = b'"dataflow: layout pending"'
@@ -61,16 +67,41 @@ class ArrowShardFile:
         os.close(fd)
         self._sink = pa.OSFile(self._tmp, "wb")
         self._writer = pa.ipc.new_file(self._sink, self._schema, options=_ipc_options(compression, zstd_level))
+        self._queue: queue.Queue = queue.Queue(maxsize=2)  # bounded: at most two batches wait for zstd
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write_batches, name="dataflow-shard-writer", daemon=True)
+        self._thread.start()
 
     def add(self, values: np.ndarray, offsets: np.ndarray, ids: pa.Array) -> None:
-        """Write documents `values[offsets[i]:offsets[i+1]]` (offsets from 0) with their ids as one record batch."""
+        """Write documents `values[offsets[i]:offsets[i+1]]` (offsets from 0) with their ids as one record batch.
+        The batch keeps references to `values` and `ids` until it is written: they must not change."""
+        self._raise_error()
         tokens = pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)),
                                           pa.array(values.astype(self.dtype, copy=False), type=arrow_type(self.dtype)))
-        self._writer.write_batch(pa.record_batch([tokens, ids], schema=self._schema))
+        self._queue.put(pa.record_batch([tokens, ids], schema=self._schema))
         self.layout.append([len(ids), int(offsets[-1])])
+
+    def _write_batches(self) -> None:
+        while (batch := self._queue.get()) is not None:
+            if self._error is None:  # after an error, only drain: add() and commit() raise it
+                try:
+                    self._writer.write_batch(batch)
+                except BaseException as e:
+                    self._error = e
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _finish_writing(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
 
     def commit(self) -> tuple[int, str]:
         """Finish the file, fill in the layout, make it durable and rename it into place: (bytes, sha256)."""
+        self._finish_writing()
+        self._raise_error()
         self._writer.close()
         self._sink.close()
         text = json.dumps(self.layout, separators=(",", ":")).encode()
@@ -102,6 +133,7 @@ class ArrowShardFile:
 
     def abort(self) -> None:
         """Drop the unfinished file."""
+        self._finish_writing()
         with contextlib.suppress(Exception):
             self._writer.close()
         with contextlib.suppress(Exception):

@@ -305,20 +305,25 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     bar = InputProgress(units, progress.next_unit, enabled=cfg.progress)
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)
-    with open(layout.errors, "a") as errlog, _local_pool(cfg, workers, spec, tok) as pool:
-        for out in run_units(todo, spec, workers, cfg.executor, scratch, pool, piece_bytes=unit_bytes,
-                             first_piece=progress.next_piece):
-            unit = all_units[out.unit.index]
-            commit_unit(out, unit, names[unit.file], progress, writers, errlog, layout.errors,
-                        max_errors=cfg.max_errors, seed=cfg.seed, val_fraction=cfg.val_fraction)
-            if out.unit.last:  # a whole unit, or the last piece of a compressed one
-                progress.next_unit, progress.next_piece = progress.next_unit + 1, 0
-            else:
-                progress.next_piece = out.unit.piece + 1
-            errlog.flush()
-            progress.errors_log_bytes = errlog.tell()
-            save_progress(layout.work, progress, writers)
-            bar.advance(out.unit, unit.size, progress.documents, progress.tokens)
+    try:
+        with open(layout.errors, "a") as errlog, _local_pool(cfg, workers, spec, tok) as pool:
+            for out in run_units(todo, spec, workers, cfg.executor, scratch, pool, piece_bytes=unit_bytes,
+                                 first_piece=progress.next_piece):
+                unit = all_units[out.unit.index]
+                commit_unit(out, unit, names[unit.file], progress, writers, errlog, layout.errors,
+                            max_errors=cfg.max_errors, seed=cfg.seed, val_fraction=cfg.val_fraction)
+                if out.unit.last:  # a whole unit, or the last piece of a compressed one
+                    progress.next_unit, progress.next_piece = progress.next_unit + 1, 0
+                else:
+                    progress.next_piece = out.unit.piece + 1
+                errlog.flush()
+                progress.errors_log_bytes = errlog.tell()
+                save_progress(layout.work, progress, writers)
+                bar.advance(out.unit, unit.size, progress.documents, progress.tokens)
+    except BaseException:
+        for w in writers.values():  # the open shards' temp files go; the journal and spills resume them
+            w.writer.abort()
+        raise
     bar.close()
     datasets = {}
     for split, w in writers.items():
