@@ -144,3 +144,29 @@ def test_encode_flat_takes_arrow_slices_and_gives_flat_ids(docs, gpt2_ref):  # n
     assert [values[offsets[i]:offsets[i + 1]].tolist() for i in range(40)] == gpt2_ref[10:50]
     empty_values, empty_offsets = tok.encode_flat(pa.array([], pa.string()))
     assert empty_values.size == 0 and empty_offsets.tolist() == [0]
+
+
+def test_memory_bound_keeps_a_cache_that_pays_and_drops_one_that_does_not(fresh_proofs, monkeypatch):
+    """The engine starts afresh when the process grows past the budget, or past the floor while growing
+    faster than the text it encodes (pieces that never repeat); slow growth below the budget keeps the cache."""
+    tok = load_tokenizer(str(GPT2_JSON))
+    engine = tok._fast
+    rss = {"now": 1 << 30}
+    monkeypatch.setattr(gigatoken_engine, "_rss_bytes", lambda: rss["now"])
+    texts = pa.array(["x" * 1000] * 1000)  # 1 MB of text a call
+    engine.encode_flat(texts)  # the first batch: growth counts from here
+    rss["now"] += 30 << 20  # 30 MB in 2 MB of text: fast, but under the floor
+    engine.encode_flat(texts)
+    assert engine.restarts == 0
+    rss["now"] += 20 << 20  # 50 MB in 3 MB: past the floor, 17 bytes a byte: drops the cache
+    engine.encode_flat(texts)
+    assert engine.restarts == 1
+    base = rss["now"]
+    for _ in range(60):  # 60 MB of text, 50 MB of growth: slower than the text, under the budget
+        engine.encode_flat(texts)
+    rss["now"] = base + (50 << 20)
+    engine.encode_flat(texts)
+    assert engine.restarts == 1
+    rss["now"] = base + gigatoken_engine.CACHE_BUDGET_BYTES + 1  # past the budget: always
+    engine.encode_flat(texts)
+    assert engine.restarts == 2

@@ -15,6 +15,7 @@ tool's output is read back and its documents compared, as a multiset of token-id
     python tools/bench_tokenize.py            # full: 100 MB
     python tools/bench_tokenize.py --quick    # 30 MB
     python tools/bench_tokenize.py --corpus distinct --only raw_tokenizers,raw_gigatoken,dataflow
+    python tools/bench_tokenize.py --mb 300 --corpus distinct --only raw_gigatoken,dataflow:auto
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def main() -> int:
     p.add_argument("--mb", type=float, default=100)
     p.add_argument("--work", default=None, help="default bench-out/tokenize-<MB>M")
     p.add_argument("--workers", default="1,2")
-    p.add_argument("--only", default=None, help="comma-separated peer modules")
+    p.add_argument("--only", default=None, help="comma-separated peer modules, or peer:setting (dataflow:auto)")
     p.add_argument("--timeout", type=float, default=1200.0)
     p.add_argument("--quick", action="store_true", help="30 MB")
     p.add_argument("--corpus", choices=("replicated", "distinct"), default="replicated",
@@ -129,7 +130,7 @@ def main() -> int:
     env = dict(os.environ, RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore",
                BENCH_GPT2_JSON=str(repo_data.gpt2_json()))
     only = set(args.only.split(",")) if args.only else None
-    cases = [c for c in CASES if only is None or c[0] in only]
+    cases = [c for c in CASES if only is None or c[0] in only or f"{c[0]}:{c[1]}" in only]
     results = []
     ref_hashes: dict[int, collections.Counter] = {}
     print(f"\n{'tool':<36} {'workers':>7} {'MB text/s':>10} {'Mtok/s':>8} {'cores':>6} {'peak MB':>8} "
@@ -163,7 +164,7 @@ def main() -> int:
             if "steady_seconds" in row:
                 print(f"{'  (steady state: same texts again)':<36} {w:>7} {text / 1e6 / row['steady_seconds']:>10.2f}",
                       flush=True)
-        if only is None or "dataflow" in only:
+        if only is None or "dataflow" in only or "dataflow:auto" in only:
             row = {"peer": "dataflow-zst", "setting": "auto", "label": "dataflow tokenize ONE.jsonl.zst", "workers": w}
             row.update(run_single_zst(work, w, args.timeout, env))
             if "error" not in row:

@@ -7,12 +7,18 @@ per file and library versions. Special tokens are removed from the file gigatoke
 
 gigatoken 0.10 caches the ids of every distinct piece it has seen, without bound (its issue #36): on
 terabytes of text a worker would grow until the machine runs out of memory. The engine therefore drops
-its tokenizer and loads a fresh one whenever the process has grown by CACHE_BUDGET_BYTES (256 MB) since
-the last load (a load costs ~0.2 s, and the fresh cache refills quickly on real text).
+its tokenizer and loads a fresh one (~0.1 s) when the process has grown, since its first batch or the
+last load, by more than CACHE_BUDGET_BYTES (256 MB), or by more than HOSTILE_FLOOR_BYTES (40 MB) while
+growing faster than HOSTILE_RATE bytes per byte of text. The second rule tells the two kinds of input
+apart: on prose the cache pays for itself and its growth slows (measured on KJV text: +39 MB after 16 MB,
++47 MB after 57 MB, +105 MB after 200 MB), so it keeps its cache up to the hard budget; on text whose
+pieces rarely repeat (numbers, ids, hashes) it grows 2-5 bytes per byte and buys nothing, so it starts
+afresh early and memory stays flat (1M vs 10M such documents: 1.04x peak RSS).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -33,6 +39,9 @@ Reference = Callable[[list[str]], list[list[int]]]
 
 # growth of the process (RSS) that makes the engine start afresh; DATAFLOW_GIGATOKEN_CACHE_MB overrides it
 CACHE_BUDGET_BYTES = int(os.environ.get("DATAFLOW_GIGATOKEN_CACHE_MB") or 256) << 20
+# ... or this much growth at more than HOSTILE_RATE bytes per byte of text encoded: a cache that does not pay
+HOSTILE_FLOOR_BYTES = min(40 << 20, CACHE_BUDGET_BYTES)
+HOSTILE_RATE = 2.0
 CACHE_BUDGET_TEXT = 1 << 30  # text between fresh starts where the RSS cannot be read (not Linux)
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
@@ -46,6 +55,14 @@ def _rss_bytes() -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _trim() -> None:
+    """Return freed memory to the OS (glibc keeps it in its arenas otherwise)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def engine_json(obj: dict[str, Any]) -> str:
@@ -64,18 +81,23 @@ class GigatokenEngine:
         self.json_text = json_text
         self.parallel = threads > 1
         self.restarts = 0  # fresh starts for the memory bound, for tests and the log
+        self._tok = None
         self._load()
 
     def _load(self) -> None:
         import gigatoken
 
-        self._tok = None  # free the old cache before the new tokenizer allocates
+        if self._tok is not None:  # free the old cache before the new tokenizer allocates, back to the OS
+            self._tok = None
+            _trim()
         try:
             self._tok = gigatoken.Tokenizer.from_json(self.json_text)
         except Exception as e:  # gigatoken raises ValueError/RuntimeError for what it does not support
             first_line = (str(e).strip().splitlines() or [""])[0]
             raise NotConvertible(f"gigatoken cannot load it ({type(e).__name__}: {first_line})") from None
-        self._base_rss, self._pid = _rss_bytes(), os.getpid()
+        # growth counts from the first batch a process encodes (the buffers every batch needs are there by
+        # then) or, after a fresh start, from the load
+        self._base_rss, self._pid = (_rss_bytes(), os.getpid()) if self.restarts else (None, None)
         self._text_since = 0
 
     def encode_flat(self, texts: pa.Array) -> Flat:
@@ -98,13 +120,18 @@ class GigatokenEngine:
         return self._tok.encode_batch_list(texts, parallel=False)
 
     def _bound(self, text_bytes: int) -> None:
-        """Start afresh once the cache has grown by the budget (or, without RSS, after the text budget)."""
+        """Start afresh when the process has grown past the budget, or fast and past the hostile floor (see
+        the module docstring); where the RSS cannot be read, after CACHE_BUDGET_TEXT of text."""
         self._text_since += text_bytes
         rss = _rss_bytes()
-        if os.getpid() != self._pid:  # a forked worker: its growth counts from its own first batch
-            self._base_rss, self._pid = rss, os.getpid()
-        grown = rss - self._base_rss > CACHE_BUDGET_BYTES if rss is not None and self._base_rss is not None \
-            else self._text_since > CACHE_BUDGET_TEXT
+        if os.getpid() != self._pid:  # the first batch of this process (a forked worker: its own first)
+            self._base_rss, self._pid, self._text_since = rss, os.getpid(), 0
+        if rss is None or self._base_rss is None:
+            grown = self._text_since > CACHE_BUDGET_TEXT
+        else:
+            growth = rss - self._base_rss
+            grown = growth > CACHE_BUDGET_BYTES or (growth > HOSTILE_FLOOR_BYTES
+                                                    and growth > HOSTILE_RATE * self._text_since)
         if grown:
             self.restarts += 1
             log.info("gigatoken: a fresh engine after %d MB of text (memory bound)", self._text_since >> 20)
