@@ -110,3 +110,15 @@ def test_kill_9_in_the_middle_of_a_compressed_file_resumes_to_the_same_bytes(tmp
     run(src, out, "--workers", "1", "--no-progress")
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert not (out / "_work").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_damaged_compressed_file_is_one_line_naming_it(tmp_path, kjv_lines, workers):
+    """The stream is read ahead on a thread (1 worker) or by the feeder (2): a damage found there is still
+    the one-line error of the main process, naming the file."""
+    data = COMPRESS[".zst"](b"".join(kjv_lines))
+    src = tmp_path / "kjv.jsonl.zst"
+    src.write_bytes(data[:len(data) * 2 // 3] + b"\x00" * 64 + data[len(data) * 2 // 3 + 64:])
+    p = run(src, tmp_path / "out", "--workers", workers, "--no-progress", check=False)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert p.stderr.count("\n") == 1 and "kjv.jsonl.zst" in p.stderr and "damaged compressed stream" in p.stderr

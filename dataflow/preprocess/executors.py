@@ -89,12 +89,45 @@ def run_units(units: list[Unit], spec: UnitSpec, workers: int, executor: str, sc
     elif executor != "local":
         raise ConfigError(f"unknown executor {executor!r}; choose local or ray")
     elif workers <= 1:  # in this process, streamed: each batch is committed as soon as it is tokenized
-        for u in units:
+        for u in _read_ahead(units):
             stats = UnitStats(u.index, 0, 0)
             yield UnitOutput(_without_data(u), stats, tokenize_unit_batches(u, spec, stats), lambda: None)
     else:
         with pool or start_local_pool(workers, spec.tokenizer, spec.engine) as running:
             yield from _run_pool(units, spec, workers, scratch, running)
+
+
+def _read_ahead(units: Iterator[Unit]) -> Iterator[Unit]:
+    """`units`, the next one read on a thread while this one is tokenized: a compressed file's next piece
+    decompresses (zstd and zlib release the GIL) while the current one is encoded."""
+    ahead: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for u in units:
+                while not stop.is_set():
+                    try:
+                        ahead.put(u, timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+                if stop.is_set():
+                    return
+            ahead.put(None)
+        except BaseException as e:  # a damaged compressed stream: raised where the units are taken
+            ahead.put(e)
+
+    reader = threading.Thread(target=read, name="dataflow-read-ahead", daemon=True)
+    reader.start()
+    try:
+        while (item := ahead.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        reader.join(timeout=5)
 
 
 def _run_pool(units: Iterable[Unit], spec: UnitSpec, workers: int, scratch: str,
