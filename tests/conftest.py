@@ -12,6 +12,8 @@ from tools import repo_data  # noqa: E402
 os.environ["DATAFLOW_PROOF_CACHE"] = tempfile.mkdtemp(prefix="dataflow-proofs-")
 # Shard and decoded-shard caches of this run: never the user's ~/.cache/dataflow, never an earlier run's.
 os.environ.setdefault("DATAFLOW_CACHE", tempfile.mkdtemp(prefix="dataflow-cache-"))
+# tokenize saves its journal after every unit (not once a second): the kill -9 tests resume from many points
+os.environ.setdefault("DATAFLOW_JOURNAL_SECONDS", "0")
 
 # The real test data ships in tests/data/ (licenses in tests/data/LICENSES.md); nothing outside the repository.
 KJV = repo_data.KJV

@@ -69,6 +69,7 @@ class ArrowShardFile:
         self._writer = pa.ipc.new_file(self._sink, self._schema, options=_ipc_options(compression, zstd_level))
         self._queue: queue.Queue = queue.Queue(maxsize=2)  # bounded: at most two batches wait for zstd
         self._error: BaseException | None = None
+        self._written = (0, 0)  # record batches on disk, and the file's bytes after the last of them
         self._thread = threading.Thread(target=self._write_batches, name="dataflow-shard-writer", daemon=True)
         self._thread.start()
 
@@ -86,8 +87,27 @@ class ArrowShardFile:
             if self._error is None:  # after an error, only drain: add() and commit() raise it
                 try:
                     self._writer.write_batch(batch)
+                    self._written = (self._written[0] + 1, self._sink.tell())
                 except BaseException as e:
                     self._error = e
+            self._queue.task_done()
+
+    @property
+    def temp_path(self) -> str:
+        return self._tmp
+
+    def sync(self) -> tuple[int, int]:
+        """Wait until every batch added is written, make the file durable, and return (record batches, bytes)
+        on disk: `read_batches(path, bytes)` gives those batches back after a crash."""
+        self._queue.join()
+        self._raise_error()
+        fd = os.open(self._tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return self._written
+
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -140,6 +160,20 @@ class ArrowShardFile:
             self._sink.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._tmp)
+
+
+def read_batches(path: str, size: int) -> Iterator[pa.RecordBatch]:
+    """The record batches in the first `size` bytes of an Arrow shard, finished or not (`ArrowShardFile.sync`)."""
+    with open(path, "rb") as f:
+        data = f.read(size)
+    if len(data) < size or data[:6] != b"ARROW1":
+        raise FormatError(f"{path}: shorter than the {size} bytes recorded, or not an Arrow file")
+    # the file format is the stream format after its 8-byte magic; the end of stream marks where to stop
+    stream = pa.py_buffer(data[8:] + b"\xff\xff\xff\xff\x00\x00\x00\x00")
+    try:
+        yield from pa.ipc.open_stream(stream)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise FormatError(f"{path}: its first {size} bytes are not whole record batches ({e})") from None
 
 
 class ArrowShard:

@@ -1,16 +1,17 @@
 """Crash-safe progress of a tokenize run: a small JSON journal plus append-only spills of open shards.
 
-After each committed unit the journal records how far the run got (the next unit, counters, the
-finished shards of every split) and the length of each split's spill: the documents buffered for the
-shard still open. A rerun after `kill -9` truncates the spills to those lengths, refills the writers
-from them, and continues at the next unit: the result is byte-identical to an uninterrupted run and
-committed units are not redone.
+After committed units (at most every SAVE_SECONDS) the journal records how far the run got (the next unit,
+counters, the finished shards of every split), how much of each open shard's temp file holds record batches
+(fsynced), and the length of each split's spill: the documents the writer still holds in memory. A rerun
+after `kill -9` rewrites the open shards from those batches and spills and continues at the next unit: the
+result is byte-identical to an uninterrupted run, and units committed before the last save are not redone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,7 +24,10 @@ from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.writer import DocIds, ShardWriter
 
 JOURNAL_NAME = "journal.json"
-JOURNAL_VERSION = 2  # 2: spills hold blocks of documents
+# the journal is saved after a committed unit once this long has passed since the last save: a crash redoes at
+# most that much committing (each save waits for the shard writer and fsyncs)
+SAVE_SECONDS = float(os.environ.get("DATAFLOW_JOURNAL_SECONDS") or 1.0)
+JOURNAL_VERSION = 3  # 2: spills hold blocks of documents; 3: written record batches stay in the shard's temp file
 # A spilled block: documents, id bytes, tokens; then token counts (int64 each), id offsets (int64,
 # documents + 1), the ids, the tokens.
 _BLOCK = struct.Struct("<QQQ")
@@ -75,69 +79,89 @@ def load_progress(work_dir: str) -> Progress | None:
 
 
 class SpilledWriter:
-    """A `ShardWriter` whose open shard is mirrored in an append-only spill file, so it survives a crash."""
+    """A `ShardWriter` whose open shard survives a crash: the record batches it has written are made durable
+    in the shard's temp file, and the documents it still holds in memory are mirrored in a spill file.
+
+    The spill holds only documents in no file yet (less than one record batch for Arrow; the open shard for
+    tar), appended at each journal save; it starts afresh when the writer's buffer does. So each token is
+    written once to its shard, not a second time to a journal.
+    """
 
     def __init__(self, writer: ShardWriter, work_dir: str, split: str):
         self.writer = writer
         self.work_dir = work_dir
         self.split = split
-        self.stale: list[str] = []
+        self.stale: list[str] = []  # files the journal still names until the next save
         self.spill = None
+        self.spill_name = ""
+        self._spilled: tuple[int, int] = (-1, -1)  # (shard index, buffer generation) the spill mirrors
+        self._spilled_docs = 0
+        self._file_state: dict[str, Any] | None = None
 
     def start(self) -> None:
-        """Begin a fresh run: an empty spill for the first shard."""
-        self._open_spill()
-
-    def _spill_path(self, index: int) -> str:
-        return os.path.join(self.work_dir, f"open-{self.split}-{index:05d}.spill")
-
-    def _open_spill(self) -> None:
-        self.spill_index = self.writer.next_index
-        self.spill = open(self._spill_path(self.spill_index), "wb")  # a stale spill from a crash is discarded
+        """Begin a fresh run (nothing to mirror yet)."""
 
     def write_batch(self, values: np.ndarray, offsets: np.ndarray, ids: DocIds) -> None:
-        """Add documents to the writer and to the open shard's spill, a block per shard they touch."""
-        values = values.astype(self.writer.dtype, copy=False)
-        lengths = np.diff(offsets)
-        i = 0
-        while i < len(lengths):
-            end = i + self.writer.fill_count(lengths[i:])
-            part_values, part_offsets = values[offsets[i]:offsets[end]], offsets[i:end + 1] - offsets[i]
-            part_ids = ids.slice(i, end)
-            self.spill.write(_BLOCK.pack(end - i, len(part_ids.data), part_values.size))
-            self.spill.write(np.ascontiguousarray(lengths[i:end], dtype=np.int64).tobytes())
-            self.spill.write(part_ids.offsets.astype(np.int64).tobytes())
-            self.spill.write(part_ids.data)
-            self.spill.write(part_values.tobytes())
-            if self.writer.write_batch(part_values, part_offsets, part_ids):  # completed: a new spill
-                self.spill.close()
-                self.stale.append(self._spill_path(self.spill_index))
-                self._open_spill()
-            i = end
+        self.writer.write_batch(values.astype(self.writer.dtype, copy=False), offsets, ids)
+
+    def _open_spill(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
+            self.stale.append(os.path.join(self.work_dir, self.spill_name))
+        # a name no earlier run used: the journal may still name that run's spill until the next save
+        self.spill_name = f"open-{self.split}-{self.writer.next_index:05d}-{secrets.token_hex(6)}.spill"
+        self.spill = open(os.path.join(self.work_dir, self.spill_name), "wb")
+        self._spilled = (self.writer.next_index, self.writer.pending_generation)
+        self._spilled_docs = 0
 
     def state(self) -> dict[str, Any]:
-        """Flush the spill and describe this split for the journal."""
+        """Make the open shard durable (its written batches, and its buffered documents in the spill) and
+        describe this split for the journal."""
+        file_state = self.writer.sync()
+        if (self.writer.next_index, self.writer.pending_generation) != self._spilled:
+            self._open_spill()
+        if self.writer.pending_count > self._spilled_docs:
+            values, offsets, ids = self.writer.pending_documents(self._spilled_docs)
+            lengths = np.diff(offsets)
+            self.spill.write(_BLOCK.pack(len(lengths), len(ids.data), values.size))
+            self.spill.write(lengths.astype(np.int64).tobytes())
+            self.spill.write(ids.offsets.astype(np.int64).tobytes())
+            self.spill.write(ids.data)
+            self.spill.write(values.tobytes())
+            self._spilled_docs = self.writer.pending_count
         self.spill.flush()
         os.fsync(self.spill.fileno())
+        if self._file_state is not None and (file_state is None or file_state["temp"] != self._file_state["temp"]):
+            self.stale.append(os.path.join(self.writer.out, self._file_state["temp"]))  # a resumed run's old one
+        self._file_state = file_state
         return {"shards": [asdict(s) for s in self.writer.shards], "next_index": self.writer.next_index,
-                "spill_bytes": self.spill.tell()}
+                "file": file_state, "spill": self.spill_name, "spill_bytes": self.spill.tell()}
 
     def forget_stale(self) -> None:
-        """Delete spills of completed shards (only once a journal no longer needs them)."""
+        """Delete spills and temp files the journal no longer names (only once it no longer does)."""
         for path in self.stale:
             if os.path.exists(path):
                 os.remove(path)
         self.stale = []
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Return to a journaled state: finished shards as recorded, the open shard refilled from its spill."""
+        """Return to a journaled state: finished shards as recorded, the open shard's written batches rewritten
+        from its file, its buffered documents from the spill."""
         self.writer.shards = [ShardInfo(**s) for s in state["shards"]]
         self.writer.next_index = state["next_index"]
-        path = self._spill_path(state["next_index"])
-        with open(path, "ab") as f:
-            f.truncate(state["spill_bytes"])
-        with open(path, "rb") as f:
-            data = f.read()
+        if state.get("file"):
+            self.writer.reopen(state["file"])
+            self._file_state = state["file"]  # removed once a journal no longer names it
+        if state.get("spill"):
+            path = os.path.join(self.work_dir, state["spill"])
+            with open(path, "rb") as f:
+                data = f.read(state["spill_bytes"])
+            if len(data) < state["spill_bytes"]:
+                raise ConfigError(f"{path}: shorter than the journal records; pass --overwrite to start again")
+            self._replay(data)
+            self.stale.append(path)
+
+    def _replay(self, data: bytes) -> None:
         pos = 0
         while pos < len(data):
             docs, id_bytes, size = _BLOCK.unpack_from(data, pos)
@@ -150,10 +174,11 @@ class SpilledWriter:
             pos += id_bytes
             tokens = np.frombuffer(data, dtype=self.writer.dtype, count=size, offset=pos)
             pos += tokens.nbytes
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            self.writer.write_batch(tokens, offsets, ids)
-        self.spill_index = self.writer.next_index
-        self.spill = open(path, "ab")
+            self.writer.write_batch(tokens, np.concatenate([[0], np.cumsum(lengths)]), ids)
+
+    def temp_names(self) -> set[str]:
+        """Names of temp files a journal may still need (kept by the cleanup of partial writes)."""
+        return {self._file_state["temp"]} if self._file_state else set()
 
     def close(self) -> None:
         if self.spill is not None:

@@ -27,7 +27,7 @@ from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
 from dataflow.preprocess.blocks import read_unit_blocks
 from dataflow.preprocess.commit import commit_unit
 from dataflow.preprocess.executors import run_units, start_local_pool
-from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress
+from dataflow.preprocess.journal import SAVE_SECONDS, Progress, SpilledWriter, load_progress, save_progress
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, input_bytes, plan_units
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.sources import expand_inputs, first_record_fields
@@ -126,13 +126,14 @@ class Layout:
         path = os.path.join(self.writer_dir("train"), MANIFEST_NAME)
         return path if os.path.exists(path) else None
 
-    def remove_partial_writes(self) -> None:
-        """Temp files of atomic writes that a killed run left behind (they never became shards)."""
+    def remove_partial_writes(self, keep: set[str] = frozenset()) -> None:
+        """Temp files of atomic writes that a killed run left behind (they never became shards), but for those
+        in `keep` (open shards its journal continues from)."""
         for split in self.splits:
             folder = self.writer_dir(split)
             if os.path.isdir(folder):
                 for name in os.listdir(folder):
-                    if name.startswith(".") and name.endswith(".tmp"):
+                    if name.startswith(".") and name.endswith(".tmp") and name not in keep:
                         os.remove(os.path.join(folder, name))
 
     def clear(self) -> None:
@@ -269,7 +270,8 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
             if os.path.exists(os.path.join(layout.split_dir("train"), MANIFEST_NAME)) else None
         _refuse_if_different(cfg, previous.provenance.get("settings") if previous else None, cfg.out)
     os.makedirs(layout.work, exist_ok=True)
-    layout.remove_partial_writes()
+    layout.remove_partial_writes(keep={split["file"]["temp"] for split in (progress.splits if progress else {}).values()
+                                       if split.get("file")})
 
     provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -305,6 +307,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     bar = InputProgress(units, progress.next_unit, enabled=cfg.progress)
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)
+    saved = time.monotonic()
     try:
         with open(layout.errors, "a") as errlog, _local_pool(cfg, workers, spec, tok) as pool:
             for out in run_units(todo, spec, workers, cfg.executor, scratch, pool, piece_bytes=unit_bytes,
@@ -316,9 +319,11 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
                     progress.next_unit, progress.next_piece = progress.next_unit + 1, 0
                 else:
                     progress.next_piece = out.unit.piece + 1
-                errlog.flush()
-                progress.errors_log_bytes = errlog.tell()
-                save_progress(layout.work, progress, writers)
+                if time.monotonic() - saved >= SAVE_SECONDS:
+                    errlog.flush()
+                    progress.errors_log_bytes = errlog.tell()
+                    save_progress(layout.work, progress, writers)
+                    saved = time.monotonic()
                 bar.advance(out.unit, unit.size, progress.documents, progress.tokens)
     except BaseException:
         for w in writers.values():  # the open shards' temp files go; the journal and spills resume them

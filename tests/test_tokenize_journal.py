@@ -1,0 +1,131 @@
+"""The journal keeps an open shard's written record batches in its temp file, and only the documents still in
+memory in a spill: a crash at any point resumes to the bytes of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import zstandard
+
+import dataflow.formats.arrow as arrow
+from dataflow import ShardWriter, TokenizerMeta
+from dataflow.formats.writer import DocIds
+from dataflow.preprocess.journal import SpilledWriter
+from test_tokenize_scale import DATAFLOW, dataset_bytes
+
+BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
+
+
+def _docs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 257, size=rng.integers(1, 300)).astype(np.uint16) for _ in range(n)]
+
+
+def _write(sw, docs, ids):
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    sw.write_batch(np.concatenate(docs), offsets, DocIds.from_list(ids))
+
+
+def _shards(folder):
+    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder)) if n.startswith("shard-")}
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "tar"])
+@pytest.mark.parametrize("finish_before_crash", [False, True])
+def test_restore_from_the_journal_gives_the_bytes_of_an_uninterrupted_run(tmp_path, monkeypatch, fmt,
+                                                                         finish_before_crash):
+    """Save the journal state mid-shard (record batches written, more documents in memory), write on (also past
+    the end of that shard: its temp file is renamed before the crash), crash, restore, write the rest."""
+    monkeypatch.setattr(arrow, "RECORD_BATCH_TOKENS", 3000)
+    docs, ids = _docs(900), [f"d{i}" for i in range(900)]
+    with ShardWriter(str(tmp_path / "ref"), tokenizer_meta=BYTES, format=fmt, shard_size="60KB") as w:
+        _write(w, docs, ids)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "work").mkdir()
+    w = ShardWriter(str(tmp_path / "run"), tokenizer_meta=BYTES, format=fmt, shard_size="60KB")
+    sw = SpilledWriter(w, str(tmp_path / "work"), "train")
+    k = 0
+    while not (fmt == "tar" and k == 200 or w._file is not None and len(w._file.layout) >= 2 and w.pending_count):
+        _write(sw, docs[k:k + 1], ids[k:k + 1])  # one at a time: up to both kinds of state in the open shard
+        k += 1
+    state = json.loads(json.dumps(sw.state()))  # as the journal stores it
+    shards_then, more = len(w.shards), k
+    while more < len(docs) and (len(w.shards) == shards_then if finish_before_crash else more < k + 5):
+        _write(sw, docs[more:more + 1], ids[more:more + 1])  # on: to the end of that shard (renamed) or not
+        more += 1
+    assert (len(w.shards) > shards_then) == finish_before_crash
+    # crash: nothing is closed; a new process restores and writes what the journal did not cover
+    w2 = ShardWriter(str(tmp_path / "run"), tokenizer_meta=BYTES, format=fmt, shard_size="60KB")
+    sw2 = SpilledWriter(w2, str(tmp_path / "work"), "train")
+    sw2.restore(state)
+    _write(sw2, docs[k:], ids[k:])
+    sw2.state()
+    sw2.forget_stale()
+    w2.close()
+    assert _shards(tmp_path / "run") == _shards(tmp_path / "ref")
+    assert [n for n in os.listdir(tmp_path / "run") if n.endswith(".tmp")] == []
+
+
+def test_the_spill_holds_only_what_no_file_holds(tmp_path, monkeypatch):
+    """Arrow: tokens go to their shard once; the spill mirrors only the record batch still being filled."""
+    monkeypatch.setattr(arrow, "RECORD_BATCH_TOKENS", 3000)
+    docs, ids = _docs(2000, seed=1), [f"d{i}" for i in range(2000)]
+    w = ShardWriter(str(tmp_path / "run"), tokenizer_meta=BYTES, shard_size="1MB")
+    sw = SpilledWriter(w, str(tmp_path), "train")
+    spilled = 0
+    for start in range(0, 2000, 50):
+        _write(sw, docs[start:start + 50], ids[start:start + 50])
+        state = sw.state()
+        spilled = max(spilled, state["spill_bytes"])
+        sw.forget_stale()
+    assert spilled < 3000 * 2 + 50 * 300 * 2 + 4096  # < one record batch (and a unit) of uint16 tokens
+    assert len([n for n in os.listdir(tmp_path) if n.endswith(".spill")]) == 1
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def big_corpus(kjv, tmp_path_factory):
+    """KJV ten times (44 MB of text): with the bytes tokenizer, several 2M-token record batches per shard."""
+    with open(kjv, "rb") as f:
+        lines = zstandard.ZstdDecompressor().stream_reader(f).read().splitlines(keepends=True)
+    path = tmp_path_factory.mktemp("big") / "kjv10.jsonl"
+    with open(path, "wb") as f:
+        for copy in range(10):
+            for line in lines:
+                f.write(line.replace(b'"id": "', f'"id": "{copy}-'.encode(), 1))
+    return path
+
+
+def test_kill_9_between_and_inside_record_batches_resumes_to_the_same_bytes(big_corpus, tmp_path):
+    args = ["tokenize", str(big_corpus), "--no-progress", "--shard-size", "10MB", "--unit-size", "1MB"]
+    subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref"), "--workers", "2"], check=True,
+                   capture_output=True)
+    out = tmp_path / "killed"
+    journal = out / "_work" / "task-00000" / "journal.json"
+    rng = np.random.default_rng(0)
+    kills = with_open_file = 0
+    for attempt in range(8):
+        proc = subprocess.Popen([*DATAFLOW, *args, "-o", str(out), "--workers", str(1 + attempt % 2)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(float(rng.uniform(0.5, 1.1)))  # anywhere: between saves, inside a record batch
+        if proc.poll() is not None:
+            break
+        try:
+            state = json.loads(journal.read_text())
+            with_open_file += any(split.get("file") for split in state["splits"].values())
+        except (OSError, ValueError):
+            pass
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    assert kills >= 3 and with_open_file >= 1
+    subprocess.run([*DATAFLOW, *args, "-o", str(out), "--workers", "1"], check=True, capture_output=True)
+    assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
+    assert not (out / "_work").exists()
+    assert [n for n in os.listdir(out) if n.startswith(".")] == []
