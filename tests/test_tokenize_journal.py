@@ -129,3 +129,26 @@ def test_kill_9_between_and_inside_record_batches_resumes_to_the_same_bytes(big_
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert not (out / "_work").exists()
     assert [n for n in os.listdir(out) if n.startswith(".")] == []
+
+
+def test_a_consumer_that_stops_early_stops_the_reading_thread_at_once():
+    """The read-ahead and feeder threads: a commit that fails (say, too many bad records) leaves at once, and
+    what was read ahead but never taken is dropped (the feeder cancels those units)."""
+    import threading
+
+    from dataflow.preprocess.executors import _threaded
+
+    dropped = []
+    started = time.perf_counter()
+    items = _threaded(iter(range(100)), 3, "test-reader", drop=dropped.append)
+    assert [next(items), next(items)] == [0, 1]
+    items.close()
+    assert time.perf_counter() - started < 2 and not any(t.name == "test-reader" for t in threading.enumerate())
+    assert dropped and all(d >= 2 for d in dropped)
+
+    def damaged():
+        yield 1
+        raise EOFError("damaged")
+
+    with pytest.raises(EOFError):
+        list(_threaded(damaged(), 1, "test-reader"))

@@ -8,6 +8,7 @@ uses an existing engine (Ray, or task slices run by Slurm/Kubernetes), never a h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -89,45 +90,67 @@ def run_units(units: list[Unit], spec: UnitSpec, workers: int, executor: str, sc
     elif executor != "local":
         raise ConfigError(f"unknown executor {executor!r}; choose local or ray")
     elif workers <= 1:  # in this process, streamed: each batch is committed as soon as it is tokenized
-        for u in _read_ahead(units):
-            stats = UnitStats(u.index, 0, 0)
-            yield UnitOutput(_without_data(u), stats, tokenize_unit_batches(u, spec, stats), lambda: None)
+        with contextlib.closing(_read_ahead(units)) as ahead:
+            for u in ahead:
+                stats = UnitStats(u.index, 0, 0)
+                yield UnitOutput(_without_data(u), stats, tokenize_unit_batches(u, spec, stats), lambda: None)
     else:
         with pool or start_local_pool(workers, spec.tokenizer, spec.engine) as running:
             yield from _run_pool(units, spec, workers, scratch, running)
 
 
-def _read_ahead(units: Iterator[Unit]) -> Iterator[Unit]:
-    """`units`, the next one read on a thread while this one is tokenized: a compressed file's next piece
-    decompresses (zstd and zlib release the GIL) while the current one is encoded."""
-    ahead: queue.Queue = queue.Queue(maxsize=1)
+def _threaded(items: Iterable, depth: int, name: str, drop: Callable[[object], None] = lambda item: None) -> Iterator:
+    """`items`, produced on a thread at most `depth` ahead of the caller; an exception there (a damaged
+    compressed stream) is raised here. A caller that stops early stops the thread, and `drop` gets each item
+    produced but never taken."""
+    ahead: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
-    def read() -> None:
-        try:
-            for u in units:
-                while not stop.is_set():
-                    try:
-                        ahead.put(u, timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-                if stop.is_set():
-                    return
-            ahead.put(None)
-        except BaseException as e:  # a damaged compressed stream: raised where the units are taken
-            ahead.put(e)
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
 
-    reader = threading.Thread(target=read, name="dataflow-read-ahead", daemon=True)
-    reader.start()
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    drop(item)
+                    return
+            put(_END)
+        except BaseException as e:
+            put(e)
+
+    thread = threading.Thread(target=produce, name=name, daemon=True)
+    thread.start()
     try:
-        while (item := ahead.get()) is not None:
+        while (item := ahead.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
             yield item
     finally:
         stop.set()
-        reader.join(timeout=5)
+        while True:
+            try:
+                item = ahead.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _END and not isinstance(item, BaseException):
+                drop(item)
+        thread.join(timeout=5)
+
+
+_END = object()
+
+
+def _read_ahead(units: Iterable[Unit]) -> Iterator[Unit]:
+    """`units`, the next one read on a thread while this one is tokenized: a compressed file's next piece
+    decompresses while the current one is encoded (both outside the GIL)."""
+    return _threaded(units, 1, "dataflow-read-ahead")
 
 
 def _run_pool(units: Iterable[Unit], spec: UnitSpec, workers: int, scratch: str,
@@ -135,46 +158,15 @@ def _run_pool(units: Iterable[Unit], spec: UnitSpec, workers: int, scratch: str,
     """Outputs in unit order. A feeder thread reads the next units (decompressing a compressed file's
     pieces) and submits them while this thread commits, so workers are not kept waiting by the commit;
     at most `2 * workers + 2` units are in flight."""
-    window = 2 * workers + 2
-    pending: queue.Queue = queue.Queue(maxsize=window - 1)  # (future, path, unit), or an exception, or None
-    stop = threading.Event()
+    def submitted() -> Iterator[tuple]:
+        for u in units:
+            path = _scratch_path(scratch, u)
+            yield pool.submit(tokenize_unit_to_file, u, spec, path), path, _without_data(u)
 
-    def feed() -> None:
-        try:
-            for u in units:
-                path = _scratch_path(scratch, u)
-                item = (pool.submit(tokenize_unit_to_file, u, spec, path), path, _without_data(u))
-                while not stop.is_set():
-                    try:
-                        pending.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-                if stop.is_set():
-                    item[0].cancel()
-                    return
-            pending.put(None)
-        except BaseException as e:  # a damaged compressed stream: raised where the outputs are read
-            pending.put(e)
-
-    feeder = threading.Thread(target=feed, name="dataflow-feeder", daemon=True)
-    feeder.start()
-    try:
-        while (item := pending.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            future, path, unit = item
+    with contextlib.closing(_threaded(submitted(), 2 * workers + 1, "dataflow-feeder",
+                                      drop=lambda item: item[0].cancel())) as outputs:
+        for future, path, unit in outputs:
             yield _file_output(unit, future.result(), path)
-    finally:
-        stop.set()
-        while True:  # cancel what was submitted but not committed
-            try:
-                item = pending.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, tuple):
-                item[0].cancel()
-        feeder.join(timeout=5)
 
 
 def _run_ray(units: Iterable[Unit], spec: UnitSpec, workers: int) -> Iterator[UnitOutput]:
