@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -152,3 +153,69 @@ def test_a_consumer_that_stops_early_stops_the_reading_thread_at_once():
 
     with pytest.raises(EOFError):
         list(_threaded(damaged(), 1, "test-reader"))
+
+
+def test_interrupted_runs_resume_to_the_same_bytes_and_leave_no_temp_file(big_corpus, tmp_path):
+    """Ctrl-C (or any error) while a shard is half written keeps what the journal names; the rerun, which here
+    finishes before its first save, resumes to the bytes of an uninterrupted run and removes the temp file."""
+    args = ["tokenize", str(big_corpus), "--no-progress", "--shard-size", "100MB", "--unit-size", "1MB",
+            "--workers", "1"]
+    subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref")], check=True, capture_output=True)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*DATAFLOW, *args, "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    journal = out / "_work" / "task-00000" / "journal.json"
+    while proc.poll() is None:
+        try:
+            if json.loads(journal.read_text())["splits"]["train"].get("file"):
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate()
+    assert proc.returncode == 130 and "Traceback" not in err.decode()
+    assert [n for n in os.listdir(out) if n.endswith(".tmp")]  # kept for the rerun
+    env = dict(os.environ, DATAFLOW_JOURNAL_SECONDS="100")
+    subprocess.run([*DATAFLOW, *args, "-o", str(out)], check=True, capture_output=True, env=env)
+    assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
+    assert [n for n in os.listdir(out) if n.startswith(".") or n == "_work"] == []
+
+
+def test_a_kill_between_the_manifests_of_two_splits_resumes(kjv, tmp_path):
+    """train/index.json written, val's not yet: the rerun does not take the run for finished; it completes."""
+    args = ["tokenize", str(kjv), "--no-progress", "--val-fraction", "0.1", "--workers", "1"]
+    subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref")], check=True, capture_output=True)
+    out = tmp_path / "out"
+    inject = ("import os, signal, sys\n"
+              "from dataflow.formats import writer\n"
+              "close = writer.ShardWriter.close\n"
+              "def killed(self):\n"
+              "    if self.out.endswith('val'): os.kill(os.getpid(), signal.SIGKILL)\n"
+              "    return close(self)\n"
+              "writer.ShardWriter.close = killed\n"
+              "from dataflow.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))")
+    p = subprocess.run([sys.executable, "-c", inject, *args, "-o", str(out)], capture_output=True)
+    assert p.returncode == -signal.SIGKILL and (out / "train" / "index.json").exists()
+    assert not (out / "val" / "index.json").exists()
+    subprocess.run([*DATAFLOW, *args, "-o", str(out)], check=True, capture_output=True)
+    assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
+
+
+def test_write_batch_never_keeps_the_callers_array(tmp_path):
+    """A caller may refill its array as soon as write_batch returns, even while the shard is being written."""
+    from dataflow.formats.arrow import RECORD_BATCH_TOKENS, ArrowShard
+
+    buf = np.empty(RECORD_BATCH_TOKENS, dtype=np.uint16)  # each document fills a record batch by itself
+    with ShardWriter(str(tmp_path), tokenizer_meta=BYTES, shard_size="1GB") as w:
+        for k in range(6):
+            buf[:] = k
+            w.write_batch(buf, np.array([0, len(buf)]), DocIds.from_list([f"doc{k}"]))
+    for doc_id, tokens in ArrowShard(str(tmp_path / "shard-00000.arrow")).documents():
+        assert np.unique(tokens).tolist() == [int(doc_id[3:])]
+
+
+def test_a_shard_size_past_the_limit_is_one_line(kjv, tmp_path):
+    p = subprocess.run([*DATAFLOW, "tokenize", str(kjv), "-o", str(tmp_path / "o"), "--shard-size", "1TB",
+                        "--no-progress"], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "8GB" in p.stderr

@@ -65,8 +65,12 @@ class ArrowShardFile:
         fd, self._tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                          dir=os.path.dirname(os.path.abspath(path)))
         os.close(fd)
-        self._sink = pa.OSFile(self._tmp, "wb")
-        self._writer = pa.ipc.new_file(self._sink, self._schema, options=_ipc_options(compression, zstd_level))
+        try:
+            self._sink = pa.OSFile(self._tmp, "wb")
+            self._writer = pa.ipc.new_file(self._sink, self._schema, options=_ipc_options(compression, zstd_level))
+        except BaseException:
+            os.unlink(self._tmp)
+            raise
         self._queue: queue.Queue = queue.Queue(maxsize=2)  # bounded: at most two batches wait for zstd
         self._error: BaseException | None = None
         self._written = (0, 0)  # record batches on disk, and the file's bytes after the last of them
@@ -151,15 +155,16 @@ class ArrowShardFile:
         os.replace(self._tmp, self.path)
         return size, digest.hexdigest()
 
-    def abort(self) -> None:
-        """Drop the unfinished file."""
+    def abort(self, remove: bool = True) -> None:
+        """Stop writing; drop the unfinished file unless `remove` is False."""
         self._finish_writing()
         with contextlib.suppress(Exception):
             self._writer.close()
         with contextlib.suppress(Exception):
             self._sink.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._tmp)
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
 
 
 def read_batches(path: str, size: int) -> Iterator[pa.RecordBatch]:

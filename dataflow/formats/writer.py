@@ -21,6 +21,7 @@ from dataflow.formats.atomic import atomic_open
 from dataflow.formats.manifest import COMPRESSIONS, FORMATS, Manifest, ShardInfo, TokenizerMeta, write_manifest
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
+MAX_SHARD_SIZE = 8 << 30  # the layout of an Arrow shard is a fixed-width field sized for its record batches
 
 
 def parse_size(text: str | int) -> int:
@@ -170,6 +171,9 @@ class ShardWriter:
         self.format = format
         self.compression = compression
         self.shard_size = parse_size(shard_size)
+        if self.shard_size > MAX_SHARD_SIZE:
+            raise ConfigError(f"shard size {shard_size} is above the {MAX_SHARD_SIZE >> 30}GB this writer allows; "
+                              f"shards of a few hundred MB stream and resume best")
         self.zstd_level = zstd_level
         self.provenance = provenance or {}
         self.prefix = prefix
@@ -224,7 +228,9 @@ class ShardWriter:
                 end = min(end, i + k + 1)
             part = values[offsets[i]:offsets[end]]
             if self.format == "arrow" and not len(self._pending) and self._pending_would_fill(lengths[i:end]):
-                self._open_file().add(part, offsets[i:end + 1] - offsets[i], ids.slice(i, end).arrow())
+                # a copy: the batch is compressed on the writer's thread, after the caller may reuse its array
+                self._open_file().add(np.array(part, dtype=self.dtype), offsets[i:end + 1] - offsets[i],
+                                      ids.slice(i, end).arrow())
             else:  # pending: copied into the buffer until its record batch (or tar shard) is complete
                 self._pending.add_many(part, lengths[i:end], ids.slice(i, end))
                 if self.format == "arrow" and self._pending.ntokens >= arrow.RECORD_BATCH_TOKENS:
@@ -288,6 +294,9 @@ class ShardWriter:
         path = os.path.join(self.out, state["temp"])
         if not os.path.exists(path):  # renamed into place after the journal was written
             path = os.path.join(self.out, state["name"])
+        if not os.path.exists(path) or os.path.getsize(path) < state["bytes"]:
+            raise ConfigError(f"{self.out}: the unfinished shard {state['name']} that the journal continues from is "
+                              f"gone or shorter than recorded; pass --overwrite to start again")
         for i, batch in enumerate(arrow.read_batches(path, state["bytes"])):
             if i == state["batches"]:
                 break
@@ -325,10 +334,11 @@ class ShardWriter:
         self._shard_docs = self._shard_tokens = 0
         return info
 
-    def abort(self) -> None:
-        """Drop the unfinished shard (its temp file); finished shards stay."""
+    def abort(self, remove: bool = True) -> None:
+        """Drop the unfinished shard (its temp file, unless `remove` is False: a journal may name it); finished
+        shards stay."""
         if self._file is not None:
-            self._file.abort()
+            self._file.abort(remove)
             self._file = None
         self._new_pending()
         self._shard_docs = self._shard_tokens = 0

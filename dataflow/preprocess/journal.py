@@ -154,10 +154,14 @@ class SpilledWriter:
             self._file_state = state["file"]  # removed once a journal no longer names it
         if state.get("spill"):
             path = os.path.join(self.work_dir, state["spill"])
-            with open(path, "rb") as f:
-                data = f.read(state["spill_bytes"])
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(state["spill_bytes"])
+            except FileNotFoundError:
+                data = b""
             if len(data) < state["spill_bytes"]:
-                raise ConfigError(f"{path}: shorter than the journal records; pass --overwrite to start again")
+                raise ConfigError(f"{path}: missing or shorter than the journal records; pass --overwrite to start "
+                                  f"again")
             self._replay(data)
             self.stale.append(path)
 
@@ -183,6 +187,13 @@ class SpilledWriter:
     def close(self) -> None:
         if self.spill is not None:
             self.spill.close()
+
+    def release(self) -> None:
+        """Once the journal is gone (the run finished): delete the files only it needed, such as the unfinished
+        shard a resumed run started from."""
+        if self._file_state is not None:
+            self.stale.append(os.path.join(self.writer.out, self._file_state["temp"]))
+        self.forget_stale()
 
 
 def save_progress(work_dir: str, progress: Progress, writers: dict[str, SpilledWriter]) -> None:

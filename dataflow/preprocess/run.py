@@ -257,7 +257,8 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     lo = cfg.task_index * len(all_units) // cfg.num_tasks
     hi = (cfg.task_index + 1) * len(all_units) // cfg.num_tasks
     units = all_units[lo:hi]
-    done = layout.finished_manifest()
+    # finished: a manifest and no work left behind (a run killed while closing its splits has written some)
+    done = layout.finished_manifest() if journaled is None and not os.path.isdir(layout.work) else None
     if done:
         _refuse_if_different(cfg, read_manifest(done).provenance.get("settings"), cfg.out)
         return _summary_of_finished(cfg, layout, tok, started)
@@ -292,6 +293,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
             w.start()
         with open(layout.errors, "w"):
             pass
+        save_progress(layout.work, progress, writers)  # from here on, a rerun resumes
     else:
         resumed_from = progress.next_unit
         for split, w in writers.items():
@@ -326,16 +328,18 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
                     saved = time.monotonic()
                 bar.advance(out.unit, unit.size, progress.documents, progress.tokens)
     except BaseException:
-        for w in writers.values():  # the open shards' temp files go; the journal and spills resume them
-            w.writer.abort()
+        for w in writers.values():  # stop the writer threads; the files a journal names stay for the rerun
+            w.writer.abort(remove=False)
         raise
     bar.close()
     datasets = {}
     for split, w in writers.items():
-        w.close()
         m = w.writer.close()
+        w.close()
         datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
     shutil.rmtree(layout.work)
+    for w in writers.values():  # the journal is gone: so are the files only it needed
+        w.release()
     if not os.listdir(os.path.join(cfg.out, WORK_DIR)):
         os.rmdir(os.path.join(cfg.out, WORK_DIR))
     notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
