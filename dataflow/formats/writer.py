@@ -252,8 +252,7 @@ class ShardWriter:
 
     def _open_file(self) -> arrow.ArrowShardFile:
         if self._file is None:
-            tokens_per_batch = arrow.RECORD_BATCH_TOKENS
-            most = self.shard_size // (self.dtype.itemsize * tokens_per_batch) + 2
+            most = self.shard_size // (self.dtype.itemsize * arrow.RECORD_BATCH_TOKENS) + 2  # record batches
             self._file = arrow.ArrowShardFile(os.path.join(self.out, self._next_name()), self.dtype.name,
                                               self.compression, self.zstd_level, most)
         return self._file
@@ -301,7 +300,7 @@ class ShardWriter:
             if i == state["batches"]:
                 break
             tokens = batch.column(0)
-            self.write_batch(tokens.values.to_numpy(zero_copy_only=False),
+            self.write_batch(tokens.flatten().to_numpy(zero_copy_only=False),
                              tokens.offsets.to_numpy().astype(np.int64) - int(tokens.offsets[0].as_py()),
                              DocIds.from_arrow(batch.column(1)))
 
