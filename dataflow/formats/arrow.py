@@ -112,7 +112,6 @@ class ArrowShardFile:
             os.close(fd)
         return self._written
 
-
     def _raise_error(self) -> None:
         if self._error is not None:
             raise self._error

@@ -11,7 +11,6 @@ decoder (or the evictor) removes. An Arrow copy also records the sha256 of the s
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import hashlib
 import os
@@ -23,6 +22,7 @@ from dataflow.formats.arrow import decode_arrow_shard
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.tar import decode_tar_stream, tar_size_bound
 from dataflow.loading import cache
+from dataflow.memory import release_freed_memory
 
 FORMATS = ("arrow", "tar")  # zstd shards of these formats are decoded once per machine
 
@@ -61,7 +61,7 @@ def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Ca
             return max(time.thread_time() - t0, 1e-9)
         finally:
             cache.remove(tmp)
-            _trim()
+            release_freed_memory()  # the decode's buffers: a worker must not grow by what it decoded
     finally:
         cache.unlock(fd)
 
@@ -74,12 +74,3 @@ def _sha256(path: str) -> str:
         while n := f.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
-
-
-def _trim() -> None:
-    """Give the freed decode buffers back to the OS: glibc keeps them in the decoding thread's arena
-    otherwise, and a loader worker would grow by what it decoded."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass

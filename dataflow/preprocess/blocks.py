@@ -136,7 +136,7 @@ def _pyarrow_jsonl(chunk: bytes, text_field: str, id_field: str, lines: int) -> 
                                  parse_options=pj.ParseOptions(explicit_schema=schema,
                                                                unexpected_field_behavior="ignore"))
             table.validate(full=True)  # the reader does not check that strings are UTF-8
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # try integer ids; then json.loads, line by line
             continue
         if table.num_rows != lines:  # blank lines, or two objects on one line: json.loads says which
             return None

@@ -18,7 +18,6 @@ afresh early and memory stays flat (1M vs 10M such documents: 1.04x peak RSS).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import logging
@@ -30,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.formats.atomic import atomic_open, write_json_atomic
+from dataflow.memory import release_freed_memory
 from dataflow.preprocess import bpe_convert
 from dataflow.preprocess.bpe_convert import NotConvertible
 from dataflow.preprocess.flat import Flat, string_buffers
@@ -57,14 +57,6 @@ def _rss_bytes() -> int | None:
         return None
 
 
-def _trim() -> None:
-    """Return freed memory to the OS (glibc keeps it in its arenas otherwise)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
 def engine_json(obj: dict[str, Any]) -> str:
     """The tokenizer.json gigatoken loads: special added tokens left out, so their text stays text."""
     obj = dict(obj)
@@ -89,7 +81,7 @@ class GigatokenEngine:
 
         if self._tok is not None:  # free the old cache before the new tokenizer allocates, back to the OS
             self._tok = None
-            _trim()
+            release_freed_memory()
         try:
             self._tok = gigatoken.Tokenizer.from_json(self.json_text)
         except Exception as e:  # gigatoken raises ValueError/RuntimeError for what it does not support
@@ -230,10 +222,15 @@ def _recall(sha256: str) -> dict[str, Any] | None:
         return None
 
 
+def _engine_json_path(sha256: str) -> str:
+    """Where the JSON gigatoken loads is kept, beside its proof."""
+    return _proof_path(sha256)[:-len(".json")] + ".engine.json"
+
+
 def _recall_engine_json(sha256: str, remembered: dict[str, Any]) -> str | None:
     """The engine's tokenizer.json saved with a proof, if it is there and whole."""
     try:
-        with open(_proof_path(sha256)[:-len(".json")] + ".engine.json", "rb") as f:
+        with open(_engine_json_path(sha256), "rb") as f:
             data = f.read()
     except OSError:
         return None
@@ -250,7 +247,7 @@ def _remember(sha256: str, ok: bool, text: str, json_text: str | None = None) ->
         record: dict[str, Any] = {"sha256": sha256, "ok": ok, "text": text}
         if json_text is not None:
             data = json_text.encode("utf-8")
-            with atomic_open(path[:-len(".json")] + ".engine.json") as f:
+            with atomic_open(_engine_json_path(sha256)) as f:
                 f.write(data)
             record["engine_sha256"] = hashlib.sha256(data).hexdigest()
         write_json_atomic(path, record)

@@ -98,9 +98,6 @@ class SpilledWriter:
         self._spilled_docs = 0
         self._file_state: dict[str, Any] | None = None
 
-    def start(self) -> None:
-        """Begin a fresh run (nothing to mirror yet)."""
-
     def write_batch(self, values: np.ndarray, offsets: np.ndarray, ids: DocIds) -> None:
         self.writer.write_batch(values.astype(self.writer.dtype, copy=False), offsets, ids)
 
@@ -179,10 +176,6 @@ class SpilledWriter:
             tokens = np.frombuffer(data, dtype=self.writer.dtype, count=size, offset=pos)
             pos += tokens.nbytes
             self.writer.write_batch(tokens, np.concatenate([[0], np.cumsum(lengths)]), ids)
-
-    def temp_names(self) -> set[str]:
-        """Names of temp files a journal may still need (kept by the cleanup of partial writes)."""
-        return {self._file_state["temp"]} if self._file_state else set()
 
     def close(self) -> None:
         if self.spill is not None:

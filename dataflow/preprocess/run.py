@@ -289,8 +289,6 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     resumed_from = 0
     if progress is None:
         progress = Progress(settings=cfg.output_settings(), unit_bytes=unit_bytes)
-        for w in writers.values():
-            w.start()
         with open(layout.errors, "w"):
             pass
         save_progress(layout.work, progress, writers)  # from here on, a rerun resumes
