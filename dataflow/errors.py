@@ -9,7 +9,6 @@ and the errors raised here keep the exception that caused them.
 
 from __future__ import annotations
 
-import os
 
 
 class DataflowError(Exception):
@@ -62,7 +61,12 @@ class CacheFullError(StorageError):
 
 def debug_enabled() -> bool:
     """True when the user asked for full tracebacks (`--debug` sets `DATAFLOW_DEBUG=1`)."""
-    return os.environ.get("DATAFLOW_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+    from dataflow import env
+
+    try:
+        return env.flag("DATAFLOW_DEBUG")
+    except ConfigError:
+        return True  # a value that is neither on nor off: show the tracebacks it probably asked for
 
 
 def cause(e: BaseException) -> BaseException | None:

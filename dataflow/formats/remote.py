@@ -10,10 +10,11 @@ with jittered exponential backoff; others are raised at once.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from typing import Any, Callable, TypeVar
+
+from dataflow import env
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ T = TypeVar("T")
 
 
 def read_timeout_s() -> float:
-    return float(os.environ.get("DATAFLOW_READ_TIMEOUT_S", "60"))
+    return env.number("DATAFLOW_READ_TIMEOUT_S", 60.0, minimum=0.001)
 
 
 def with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:

@@ -19,30 +19,10 @@ from dataflow.errors import ConfigError
 from dataflow.formats import arrow
 from dataflow.formats.atomic import atomic_open
 from dataflow.formats.manifest import COMPRESSIONS, FORMATS, Manifest, ShardInfo, TokenizerMeta, write_manifest
+from dataflow.units import parse_size  # noqa: F401  (callers import it from here too)
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
 MAX_SHARD_SIZE = 8 << 30  # the layout of an Arrow shard is a fixed-width field sized for its record batches
-
-
-def parse_size(text: str | int) -> int:
-    """'256MB' -> 268435456; plain integers are bytes."""
-    if isinstance(text, int):
-        return text
-    s = text.strip().upper().replace("IB", "B")
-    units = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "B": 1}
-    for unit, mult in units.items():
-        if s.endswith(unit):
-            number = s[: -len(unit)].strip()
-            break
-    else:
-        number, mult = s, 1
-    try:
-        value = int(float(number) * mult)
-    except ValueError:
-        raise ConfigError(f"cannot read size {text!r}; write it like 256MB, 1GB or 1048576") from None
-    if value <= 0:
-        raise ConfigError(f"size {text!r} must be positive")
-    return value
 
 
 def shard_extension(format: str, compression: str) -> str:

@@ -29,7 +29,8 @@ import shutil
 import threading
 import time
 
-from dataflow.formats.writer import parse_size
+from dataflow import env
+from dataflow.units import parse_size
 
 _TAG = re.compile(r"[0-9a-f]{16}")
 _ENTRY = re.compile(r"[0-9a-f]{16}-.+")
@@ -213,8 +214,9 @@ def _scan(cache_dir: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, s
 
 def default_cache_dir() -> str:
     """`$DATAFLOW_CACHE`, else `$XDG_CACHE_HOME/dataflow`, else `~/.cache/dataflow`."""
-    if os.environ.get("DATAFLOW_CACHE"):
-        return os.environ["DATAFLOW_CACHE"]
+    chosen = env.text("DATAFLOW_CACHE")
+    if chosen:
+        return chosen
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(xdg, "dataflow")
 

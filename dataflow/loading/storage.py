@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import fsspec
 
+from dataflow import env
 from dataflow.errors import CacheFullError, StorageError, cause
 from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
@@ -68,7 +69,7 @@ class Storage:
         if self.root.endswith(".json"):  # the manifest itself was named: shards are beside it
             self.root = posixpath.dirname(self.root) if self.remote else os.path.dirname(self.root)
         self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
-        limit = cache_limit if cache_limit is not None else os.environ.get("DATAFLOW_CACHE_LIMIT")
+        limit = cache_limit if cache_limit is not None else env.size("DATAFLOW_CACHE_LIMIT")
         self.storage_options = dict(storage_options or {})
         self.prefetch_workers, self.retries = max(1, prefetch_workers), max(1, retries)
         # remote shards, and decoded copies of local or remote zstd shards, live under this folder

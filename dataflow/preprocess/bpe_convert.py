@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from dataflow import env
 from dataflow.formats.atomic import write_json_atomic
 
 # The split pattern of the `ByteLevel` pre-tokenizer when `use_regex` is on (tokenizers' byte_level.rs).
@@ -306,7 +307,7 @@ CONVERSION_VERSION = 1  # bump when `convert` may derive other ranks or patterns
 
 def proof_cache_dir() -> str:
     """The folder where engine proofs are remembered on this machine (DATAFLOW_PROOF_CACHE overrides it)."""
-    return os.environ.get("DATAFLOW_PROOF_CACHE") or os.path.join(
+    return env.text("DATAFLOW_PROOF_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dataflow", "engine-proofs")
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
+from dataflow import env
 from dataflow.formats.atomic import atomic_open, write_json_atomic
 from dataflow.memory import release_freed_memory
 from dataflow.preprocess import bpe_convert
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 Reference = Callable[[list[str]], list[list[int]]]
 
 # growth of the process (RSS) that makes the engine start afresh; DATAFLOW_GIGATOKEN_CACHE_MB overrides it
-CACHE_BUDGET_BYTES = int(os.environ.get("DATAFLOW_GIGATOKEN_CACHE_MB") or 256) << 20
+CACHE_BUDGET_BYTES = int(env.number("DATAFLOW_GIGATOKEN_CACHE_MB", 256, minimum=1)) << 20
 # ... or this much growth at more than HOSTILE_RATE bytes per byte of text encoded: a cache that does not pay
 HOSTILE_FLOOR_BYTES = min(40 << 20, CACHE_BUDGET_BYTES)
 HOSTILE_RATE = 2.0

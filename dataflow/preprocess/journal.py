@@ -1,6 +1,6 @@
 """Crash-safe progress of a tokenize run: a small JSON journal plus append-only spills of open shards.
 
-After committed units (at most every SAVE_SECONDS) the journal records how far the run got (the next unit,
+After committed units (at most every `save_seconds()`) the journal records how far the run got (the next unit,
 counters, the finished shards of every split), how much of each open shard's temp file holds record batches
 (fsynced), and the length of each split's spill: the documents the writer still holds in memory. A rerun
 after `kill -9` rewrites the open shards from those batches and spills and continues at the next unit: the
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dataflow import env
 from dataflow.errors import ConfigError
 from dataflow.formats.atomic import write_json_atomic
 from dataflow.formats.manifest import ShardInfo
@@ -26,7 +27,9 @@ from dataflow.formats.writer import DocIds, ShardWriter
 JOURNAL_NAME = "journal.json"
 # the journal is saved after a committed unit once this long has passed since the last save: a crash redoes at
 # most that much committing (each save waits for the shard writer and fsyncs)
-SAVE_SECONDS = float(os.environ.get("DATAFLOW_JOURNAL_SECONDS") or 1.0)
+def save_seconds() -> float:
+    """How long after the last save a committed unit saves the journal again (DATAFLOW_JOURNAL_SECONDS)."""
+    return env.number("DATAFLOW_JOURNAL_SECONDS", 1.0)
 JOURNAL_VERSION = 3  # 2: spills hold blocks of documents; 3: written record batches stay in the shard's temp file
 # A spilled block: documents, id bytes, tokens; then token counts (int64 each), id offsets (int64,
 # documents + 1), the ids, the tokens.

@@ -27,7 +27,7 @@ from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
 from dataflow.preprocess.blocks import read_unit_blocks
 from dataflow.preprocess.commit import commit_unit
 from dataflow.preprocess.executors import run_units, start_local_pool
-from dataflow.preprocess.journal import SAVE_SECONDS, Progress, SpilledWriter, load_progress, save_progress
+from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress, save_seconds
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, input_bytes, plan_units
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.sources import expand_inputs, first_record_fields
@@ -319,7 +319,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
                     progress.next_unit, progress.next_piece = progress.next_unit + 1, 0
                 else:
                     progress.next_piece = out.unit.piece + 1
-                if time.monotonic() - saved >= SAVE_SECONDS:
+                if time.monotonic() - saved >= save_seconds():
                     errlog.flush()
                     progress.errors_log_bytes = errlog.tell()
                     save_progress(layout.work, progress, writers)

@@ -1,0 +1,85 @@
+"""Every `DATAFLOW_*` environment variable, read and checked in one place.
+
+Each variable is declared once in `VARIABLES` (what it means, its default); code reads it through the typed
+getters below, at the moment it needs it. A value that cannot be used is one `ConfigError` line naming the
+variable, the value and what to write instead: never a traceback, never a silent default.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from dataflow.errors import ConfigError
+
+VARIABLES: dict[str, str] = {
+    "DATAFLOW_CACHE": "folder of the local shard cache (default $XDG_CACHE_HOME/dataflow, else ~/.cache/dataflow)",
+    "DATAFLOW_CACHE_LIMIT": "bytes the cache may hold, like 50GB, or none (default: a share of the free disk)",
+    "DATAFLOW_DEBUG": "1: full tracebacks instead of one-line errors",
+    "DATAFLOW_READ_TIMEOUT_S": "seconds a remote read may stay silent before it is retried (default 60)",
+    "DATAFLOW_FIRST_CONTACT_S": "seconds a dataset's first remote read (its manifest) may take in all, "
+                                "retries included (default 120)",
+    "DATAFLOW_JOURNAL_SECONDS": "tokenize saves its resume journal at most this often (default 1)",
+    "DATAFLOW_GIGATOKEN_CACHE_MB": "growth in MB after which the gigatoken engine starts afresh (default 256)",
+    "DATAFLOW_PROOF_CACHE": "folder where tokenizer engine proofs are remembered",
+}
+
+
+def _raw(name: str) -> str | None:
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not a declared DATAFLOW_* variable (add it to dataflow/env.py)")
+    value = os.environ.get(name)
+    return value if value is not None and value.strip() != "" else None
+
+
+def _bad(name: str, value: str, want: str) -> ConfigError:
+    return ConfigError(f"environment variable {name}={value!r} is not {want}; fix or unset it "
+                       f"({name}: {VARIABLES[name]})")
+
+
+def text(name: str, default: str | None = None) -> str | None:
+    """The variable as a string, or `default` when unset or empty."""
+    value = _raw(name)
+    return default if value is None else value
+
+
+def flag(name: str) -> bool:
+    """True for 1/true/yes/on, False when unset or 0/false/no/off; anything else is an error."""
+    value = _raw(name)
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise _bad(name, value, "1 or 0")
+
+
+def number(name: str, default: float, *, minimum: float = 0.0) -> float:
+    """A finite number >= `minimum` (seconds, megabytes ...), or `default` when unset."""
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        parsed = float(value)
+    except ValueError:
+        raise _bad(name, value, "a number") from None
+    if not math.isfinite(parsed) or parsed < minimum:
+        raise _bad(name, value, f"a finite number >= {minimum:g}")
+    return parsed
+
+
+def size(name: str) -> int | str | None:
+    """A size like 50GB (bytes as an int), "none" as it is, or None when unset."""
+    value = _raw(name)
+    if value is None:
+        return None
+    if value.strip().lower() in ("none", "unlimited", "0"):
+        return "none"
+    from dataflow.units import parse_size
+
+    try:
+        return parse_size(value)
+    except ConfigError:
+        raise _bad(name, value, "a size like 50GB, 1048576 or none") from None
