@@ -6,7 +6,7 @@ PY            := $(VENV)/bin/python
 PIP           := $(PY) -m pip
 DEMO_OUT      ?= demo-out
 
-.PHONY: demo test setup clean
+.PHONY: demo test test-all setup clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ demo: $(VENV)/.installed-base
 
 test: setup
 	$(PY) -m pytest -q
+
+# everything, the heavy checks included (Ray, distributed, framework integrations, kill soaks)
+test-all: setup
+	$(PY) -m pytest -q -m ""
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
