@@ -30,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dataflow.errors import ConfigError, FormatError
@@ -75,29 +76,48 @@ def resolve_resume(root: str, resume: str) -> str | None:
 
 
 # --- safe loading -------------------------------------------------------------------------------
-_ALLOWED_TORCH = {"Size", "device"}
+_DCP = "torch.distributed.checkpoint.metadata"
+# Every global a `.metadata` may name, as exact (module, name) pairs. Names are compared whole: pickle
+# resolves a dotted name attribute by attribute ("os.system" inside an allowed module reaches os), so a
+# dotted name is never on this list and never looked up.
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    [(_DCP, name) for name in ("Metadata", "MetadataIndex", "StorageMeta", "ChunkStorageMetadata",
+                               "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties",
+                               "_MEM_FORMAT_ENCODING")]
+    + [("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+       ("torch.serialization", "_get_layout"),  # maps a layout's name ("torch.strided") to the layout
+       ("torch", "Size"), ("torch", "device"),
+       ("collections", "OrderedDict")]
+    + [("pathlib", name) for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")]
+    + [("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)]
+)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's `.metadata` but refuses every global outside DCP's own metadata types."""
+    """Unpickles DCP's `.metadata`, resolving only the globals on `ALLOWED_GLOBALS`."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == "torch.distributed.checkpoint.metadata" or \
-                (module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo") or \
-                (module == "torch.serialization" and name == "_get_layout") or \
-                (module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")) or \
-                (module == "collections" and name == "OrderedDict"):
+        if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
-        if module == "torch" and (name in _ALLOWED_TORCH or isinstance(getattr(torch, name, None), torch.dtype)):
-            return super().find_class(module, name)
-        raise FormatError(f"checkpoint metadata refers to {module}.{name}, which is not allowed; "
-                          f"is this a checkpoint written by the trainer?")
+        raise FormatError(f"checkpoint metadata refers to {module}.{name}, which is not allowed (a checkpoint "
+                          f"written by the trainer never names it); nothing was loaded: a damaged or hostile folder?")
 
 
 class SafeReader(FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        with open(os.path.join(str(self.path), ".metadata"), "rb") as f:
-            metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+        path = os.path.join(str(self.path), ".metadata")
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+        except FormatError:
+            raise
+        except Exception as e:  # any malformed pickle: truncated, wrong opcodes, wrong arguments
+            raise FormatError(f"{path}: unreadable checkpoint metadata ({type(e).__name__}: {e}); resume from "
+                              f"an earlier checkpoint (checkpoint.resume=FOLDER) or start afresh") from None
+        if not isinstance(metadata, Metadata):
+            raise FormatError(f"{path}: holds a {type(metadata).__name__}, not checkpoint metadata; resume from "
+                              f"an earlier checkpoint (checkpoint.resume=FOLDER) or start afresh")
         if getattr(metadata, "storage_meta", None) is not None:
             metadata.storage_meta.load_id = self.load_id
         return metadata
@@ -214,6 +234,7 @@ class Checkpointer:
             if diff:
                 raise ConfigError(f"cannot resume from {path}: the model differs from the checkpoint's "
                                   f"({'; '.join(diff)}); restore those settings or start a new checkpoint.dir")
+        SafeReader(path).read_metadata()  # its one-line FormatError, before DCP wraps it in its own exception
         model_sd, optim_sd = get_state_dict(model, optimizer)
         target = {"model": model_sd, "optim": optim_sd}
         with _quiet():
