@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Sequence
 
+from dataflow import env
 from dataflow.errors import ConfigError, DataflowError, debug_enabled
 from dataflow.profiling.cli import add_profile_parser
 
@@ -234,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "debug", False):
         os.environ["DATAFLOW_DEBUG"] = "1"  # library errors then keep their causes too
     try:
+        env.check_all()
         return args.func(args)
     except DataflowError as e:
         if debug_enabled():

@@ -12,17 +12,44 @@ import os
 
 from dataflow.errors import ConfigError
 
-VARIABLES: dict[str, str] = {
-    "DATAFLOW_CACHE": "folder of the local shard cache (default $XDG_CACHE_HOME/dataflow, else ~/.cache/dataflow)",
-    "DATAFLOW_CACHE_LIMIT": "bytes the cache may hold, like 50GB, or none (default: a share of the free disk)",
-    "DATAFLOW_DEBUG": "1: full tracebacks instead of one-line errors",
-    "DATAFLOW_READ_TIMEOUT_S": "seconds a remote read may stay silent before it is retried (default 60)",
-    "DATAFLOW_FIRST_CONTACT_S": "seconds a dataset's first remote read (its manifest) may take in all, "
-                                "retries included (default 120)",
-    "DATAFLOW_JOURNAL_SECONDS": "tokenize saves its resume journal at most this often (default 1)",
-    "DATAFLOW_GIGATOKEN_CACHE_MB": "growth in MB after which the gigatoken engine starts afresh (default 256)",
-    "DATAFLOW_PROOF_CACHE": "folder where tokenizer engine proofs are remembered",
+# name -> (kind, what it means); the kind says which getter reads it and how `check_all` checks it
+VARIABLES: dict[str, tuple[str, str]] = {
+    "DATAFLOW_CACHE": ("text", "folder of the local shard cache (default $XDG_CACHE_HOME/dataflow, else "
+                               "~/.cache/dataflow)"),
+    "DATAFLOW_CACHE_LIMIT": ("size", "bytes the cache may hold, like 50GB, or none (default: a share of the free "
+                                     "disk)"),
+    "DATAFLOW_DEBUG": ("flag", "1: full tracebacks instead of one-line errors"),
+    "DATAFLOW_READ_TIMEOUT_S": ("seconds", "seconds a remote read may stay silent before it is retried "
+                                           "(default 60)"),
+    "DATAFLOW_FIRST_CONTACT_S": ("seconds", "seconds a dataset's first remote read (its manifest) may take in "
+                                            "all, retries included (default 120)"),
+    "DATAFLOW_JOURNAL_SECONDS": ("number", "tokenize saves its resume journal at most this often (default 1)"),
+    "DATAFLOW_GIGATOKEN_CACHE_MB": ("megabytes", "growth in MB after which the gigatoken engine starts afresh "
+                                                 "(default 256)"),
+    "DATAFLOW_PROOF_CACHE": ("text", "folder where tokenizer engine proofs are remembered"),
 }
+
+
+def check_all() -> None:
+    """Check every DATAFLOW_* variable that is set, at once (the CLI calls this before any work), so that a bad
+    value stops a command before it writes anything, not halfway through."""
+    for name, (kind, _) in VARIABLES.items():
+        if kind == "flag":
+            flag(name)
+        elif kind == "size":
+            size(name)
+        elif kind == "seconds":
+            number(name, 1.0, minimum=0.001)
+        elif kind == "megabytes":
+            number(name, 1.0, minimum=1)
+        elif kind == "number":
+            number(name, 1.0)
+    unknown = sorted(k for k in os.environ if k.startswith("DATAFLOW_") and k not in VARIABLES)
+    if unknown:
+        import logging
+
+        logging.getLogger("dataflow").warning("ignoring unknown environment variable(s) %s (known: %s)",
+                                              ", ".join(unknown), ", ".join(VARIABLES))
 
 
 def _raw(name: str) -> str | None:
@@ -34,7 +61,7 @@ def _raw(name: str) -> str | None:
 
 def _bad(name: str, value: str, want: str) -> ConfigError:
     return ConfigError(f"environment variable {name}={value!r} is not {want}; fix or unset it "
-                       f"({name}: {VARIABLES[name]})")
+                       f"({name}: {VARIABLES[name][1]})")
 
 
 def text(name: str, default: str | None = None) -> str | None:
