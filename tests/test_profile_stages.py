@@ -1,5 +1,6 @@
 """Stage breakdown: an injected slow decompress or slow collate is attributed to its stage; the sweep
-recommends more workers for a loader that cannot keep up. Ratios of injected sleeps only."""
+recommends more workers for a loader that cannot keep up. Ratios of injected sleeps only, each far larger
+than what the other stages cost on a loaded machine."""
 
 import time
 
@@ -31,7 +32,7 @@ def slow_reads(monkeypatch, seconds):
 
 @pytest.fixture
 def slow_decompress(monkeypatch):
-    slow_reads(monkeypatch, 0.005)  # 20 ms per batch of 4
+    slow_reads(monkeypatch, 0.02)  # 80 ms per batch of 4: far above any other stage, even on a loaded machine
 
 
 @pytest.fixture
@@ -70,6 +71,7 @@ def test_monitor_wrapping_the_loader_reports_its_stages(small_ds, slow_decompres
     assert st["dominant"] == "read"
 
 
+@pytest.mark.timing  # three workers must outpace one on wall time: real parallel sleeps, fork and start-up
 def test_sweep_recommends_more_workers_for_a_slow_loader(small_ds, slow_loader):
     base = RunSettings(small_ds, batch_size=2, seq_len=32, num_workers=0, batches=16)
     out = sweep(base, {"num_workers": [0, 1, 3]}, sleeper(25))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from types import TracebackType
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -46,9 +46,13 @@ class StarvationMonitor:
         history: per-step figures kept for percentiles, the trace and the plot (older ones drop out).
         device: "auto" (CUDA timing when the loop already uses CUDA), "cpu", or a CUDA device.
         nvml: sample GPU utilisation through NVML (`nvidia-ml-py`) while on CUDA.
+        clock, cpu_clock: the wall clock and the process CPU clock, in seconds (default `time.perf_counter`
+            and `time.process_time`); a test or a simulator may pass its own.
     """
 
-    def __init__(self, history: int = 100_000, device: Any = "auto", nvml: bool = True):
+    def __init__(self, history: int = 100_000, device: Any = "auto", nvml: bool = True,
+                 clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time):
+        self.clock, self.cpu_clock = clock, cpu_clock
         self.waits: deque[float] = deque(maxlen=history)
         self.steps: deque[float] = deque(maxlen=history)
         self.fetch_cpu: deque[float] = deque(maxlen=history)
@@ -77,7 +81,7 @@ class StarvationMonitor:
 
     def _setup(self, batches: Any) -> None:
         if self._start is None:
-            self._start = time.perf_counter()
+            self._start = self.clock()
         if self.probe is None:
             loader, prefetcher = find_sources(batches)
             if loader is not None or prefetcher is not None:
@@ -94,7 +98,7 @@ class StarvationMonitor:
         """Yield the batches of `batches`, timing how long each `next()` blocks."""
         self._setup(batches)
         it = iter(batches)
-        perf, cpu, cuda, probe = time.perf_counter, time.process_time, self.cuda, self.probe
+        perf, cpu, cuda, probe = self.clock, self.cpu_clock, self.cuda, self.probe
         while True:
             if cuda is not None:
                 cuda.before_fetch()
@@ -130,7 +134,7 @@ class StarvationMonitor:
 
     def reset_window(self) -> tuple[float, float]:
         """(wait seconds, wall seconds) since the last call: for per-interval data-wait %."""
-        now = time.perf_counter()
+        now = self.clock()
         total = self.total_wait + (self.cuda.copy_wait_total if self.cuda is not None else 0.0)
         last = self._window or (now if self._start is None else self._start, 0.0)
         self._window = (now, total)
@@ -147,7 +151,8 @@ class StarvationMonitor:
         verdict with its rule, GPU figures (or why absent) and the stage breakdown."""
         if self.cuda is not None:
             self.cuda.poll(wait=True)
-        wall = (self._end or time.perf_counter()) - (self._start or time.perf_counter())
+        now = self.clock()
+        wall = (now if self._end is None else self._end) - (now if self._start is None else self._start)
         copy_wait = self.cuda.copy_wait_total if self.cuda is not None else 0.0
         data_wait = self.total_wait + copy_wait
         waits = np.fromiter(self.waits, dtype=np.float64) if self.waits else np.zeros(1)
@@ -189,7 +194,7 @@ class StarvationMonitor:
         return self.nvml.summary()
 
     def timeline(self) -> dict[str, np.ndarray]:
-        """Per-step start times (s, perf_counter clock) and durations of waits and steps, for trace and plot."""
+        """Per-step start times (s, the monitor's clock) and durations of waits and steps, for trace and plot."""
         def arr(d: deque) -> np.ndarray:
             return np.fromiter(d, dtype=np.float64, count=len(d))
         return {"wait_start": arr(self.wait_starts), "wait": arr(self.waits), "step_start": arr(self.step_starts),
@@ -221,16 +226,16 @@ class _Step:
     def __enter__(self) -> None:
         mon = self.mon
         if mon._start is None:
-            mon._start = time.perf_counter()
+            mon._start = mon.clock()
         if mon.cuda is not None:
             mon.cuda.step_start()
-        self.t0 = time.perf_counter()
+        self.t0 = mon.clock()
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         mon = self.mon
         if mon.cuda is not None:
             mon.cuda.step_end()
-        t1 = time.perf_counter()
+        t1 = mon.clock()
         dt = t1 - self.t0
         mon.steps.append(dt)
         mon.step_starts.append(self.t0)
