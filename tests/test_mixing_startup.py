@@ -61,6 +61,7 @@ def test_mixing_is_deterministic_and_resumes_exactly(sources):
     assert len(rest) == len(full) - 50 and all((a == b).all() for a, b in zip(rest, full[50:]))
 
 
+@pytest.mark.timing  # also compares the first batch's wall time with the manifest read's
 def test_startup_reads_only_the_manifest_with_100k_shards(tmp_path, monkeypatch):
     make(tmp_path / "one", 0, 4_000, shard_size="1MB")
     index = json.loads((tmp_path / "one" / "index.json").read_text())
