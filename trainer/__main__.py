@@ -1,4 +1,5 @@
-"""`python -m trainer --config configs/X.toml [--set section.key=value ...]`, also under torchrun.
+"""`python -m trainer --config NAME|FILE.toml [--set section.key=value ...]` (also `dataflow train`, and
+under torchrun).
 
 Exit codes: 0 done, 1 failed (one line says why), 2 configuration or usage error.
 """
@@ -12,9 +13,14 @@ import sys
 from dataflow.errors import ConfigError, DataflowError
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer", description="Train a GPT from a dataflow dataset.")
-    p.add_argument("--config", required=True, help="a TOML config, e.g. configs/demo.toml")
+def main(argv: list[str] | None = None, prog: str = "python -m trainer") -> int:
+    from trainer.config import builtin_configs
+
+    p = argparse.ArgumentParser(prog=prog, description="Train a GPT from a dataflow dataset.")
+    p.add_argument("--config", required=True,
+                   help=f"a TOML config file, or the name of a built-in one ({', '.join(builtin_configs())}); "
+                        f"relative paths in your own file are read against its folder, in a built-in one "
+                        f"against the working directory")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one key; the value is read as a TOML literal, else as a plain string")
     args = p.parse_args(argv)

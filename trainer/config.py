@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -185,16 +186,62 @@ def parse_value(text: str) -> Any:
         return text
 
 
+# keys whose values are paths: relative ones in a config file are read against the file's own folder
+PATH_KEYS = (("data", "path"), ("data", "val_path"), ("checkpoint", "dir"), ("checkpoint", "resume"),
+             ("log", "jsonl"), ("log", "tensorboard"))
+
+
+def builtin_configs() -> dict[str, str]:
+    """Name -> path of the configs that ship with the trainer: `configs/` in a clone, `trainer/configs`
+    (the same files) in an installed package."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    folders = [os.path.join(os.path.dirname(here), "configs"), os.path.join(here, "configs")]
+    found: dict[str, str] = {}
+    for folder in folders:
+        if os.path.isdir(folder):
+            for name in sorted(os.listdir(folder)):
+                if name.endswith(".toml"):
+                    found.setdefault(name[: -len(".toml")], os.path.join(folder, name))
+    return found
+
+
+def find_config(spec: str) -> tuple[str, str | None]:
+    """(file, folder that relative paths in it are read against) for `--config SPEC`.
+
+    SPEC is a TOML file's path or a built-in config's name (`demo`). The built-in configs are templates:
+    their relative paths (`demo-out/checkpoints`) are read against the working directory, whether named or
+    given by path; any other config file reads its relative paths against its own folder, wherever it runs.
+    """
+    builtin = builtin_configs()
+    if os.path.isfile(spec):
+        shipped = {os.path.realpath(p) for p in builtin.values()}
+        return spec, None if os.path.realpath(spec) in shipped else os.path.dirname(os.path.abspath(spec))
+    name = spec[: -len(".toml")] if spec.endswith(".toml") else spec
+    if os.sep not in spec and name in builtin:
+        return builtin[name], None
+    raise ConfigError(f"config file {spec} does not exist and is not a built-in config (built-in: "
+                      f"{', '.join(builtin) or 'none found'}; e.g. --config demo)")
+
+
+def _resolve_paths(cfg: Config, base: str) -> None:
+    for section, key in PATH_KEYS:
+        value = getattr(getattr(cfg, section), key)
+        keyword = (section, key) == ("checkpoint", "resume") and value in ("auto", "none")
+        if value and not keyword and "://" not in value and not os.path.isabs(value):
+            setattr(getattr(cfg, section), key, os.path.normpath(os.path.join(base, value)))
+
+
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (),
                 check: bool = True) -> Config:
-    """Defaults, then the TOML file at `path`, then each `section.key=value` override, then validation."""
+    """Defaults, then the TOML file at `path` (a path or a built-in name, see `find_config`), then each
+    `section.key=value` override, then validation. Relative paths in a config file are read against the
+    file's folder; those of a built-in config and of overrides against the working directory."""
     cfg = Config()
     if path:
+        path, base = find_config(path)
         try:
             with open(path, "rb") as f:
                 doc = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path} is not valid TOML: {e}") from None
         for section, table in doc.items():
@@ -202,6 +249,8 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
                 raise ConfigError(f"{path}: top-level key {section!r} must be a [section] table")
             for key, value in table.items():
                 apply(cfg, section, key, value, source=path)
+        if base is not None:
+            _resolve_paths(cfg, base)
     for item in overrides:
         name, sep, text = item.partition("=")
         section, dot, key = name.strip().partition(".")

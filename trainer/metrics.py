@@ -41,8 +41,8 @@ def peak_memory_gib(device: torch.device) -> tuple[str, float]:
 class MetricsLogger:
     """Writes what rank 0 sees; every other rank's logger is silent."""
 
-    def __init__(self, jsonl: str, tensorboard: str, enabled: bool, stream: TextIO = sys.stdout):
-        self.enabled, self.stream = enabled, stream
+    def __init__(self, jsonl: str, tensorboard: str, enabled: bool, stream: TextIO | None = None):
+        self.enabled, self.stream = enabled, stream or sys.stdout  # the stdout of now, not of import time
         self.file = None
         self.tb = None
         if not enabled:

@@ -202,6 +202,8 @@ class StarvationMonitor:
 
     def format_summary(self) -> str:
         s = self.summary()
+        if s["steps"] == 0 and s["batches"] == 0:
+            return "starvation: no steps measured (nothing to judge)"
         tput = f"{s['batches_per_s']:.1f} batches/s" + (f", {s['tokens_per_s']:,.0f} tokens/s" if s["tokens_per_s"]
                                                          else "")
         return (f"starvation: {s['steps']} steps in {s['wall_s']:.2f} s; data wait {s['data_wait_s']:.3f} s "

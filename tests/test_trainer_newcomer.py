@@ -1,0 +1,96 @@
+"""What a newcomer meets first: built-in configs by name, relative paths, a resumed run with nothing left to
+do, and a run far beyond the machine that SIGTERM must still end."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainer.config import builtin_configs, load_config
+from trainer.loop import train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_builtin_configs_are_found_by_name_and_read_paths_against_the_working_directory(tmp_path, monkeypatch):
+    assert {"demo", "gpt2-124m", "gpt-1b-fsdp", "gpt-7b-hsdp"} <= set(builtin_configs())
+    monkeypatch.chdir(tmp_path)
+    for spec in ("demo", "demo.toml", str(ROOT / "configs" / "demo.toml")):
+        cfg = load_config(spec, ["data.path=mine/train"])
+        assert cfg.checkpoint.dir == "demo-out/checkpoints" and cfg.data.path == "mine/train", spec
+        assert cfg.model.n_layer == 3
+
+
+def test_a_copied_config_reads_its_relative_paths_against_its_own_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "project" / "configs"
+    folder.mkdir(parents=True)
+    (folder / "mine.toml").write_text((ROOT / "configs" / "demo.toml").read_text().replace(
+        'path = ""', 'path = "../data/train"\nval_path = "s3://bucket/val"'))
+    monkeypatch.chdir(tmp_path)  # run from elsewhere: the paths do not move
+    cfg = load_config(str(folder / "mine.toml"), ["log.jsonl=here.jsonl"])
+    assert cfg.data.path == str(tmp_path / "project" / "data" / "train")
+    assert cfg.checkpoint.dir == str(folder / "demo-out" / "checkpoints")
+    assert cfg.data.val_path == "s3://bucket/val"  # a URL is left alone
+    assert cfg.checkpoint.resume == "auto"  # a keyword, not a path
+    assert cfg.log.jsonl == "here.jsonl"  # --set values are the user's own, read against where they run
+
+
+def test_an_unknown_config_names_the_built_in_ones(tmp_path):
+    from trainer.__main__ import main
+
+    with pytest.raises(Exception, match="built-in: .*demo"):
+        load_config(str(tmp_path / "absent.toml"))
+    assert main(["--config", "no-such-config"]) == 2
+
+
+def test_a_run_resumed_at_its_last_step_says_how_to_train_on(tmp_path, capsys, kjv):
+    from dataflow.preprocess.run import TokenizeConfig, tokenize
+
+    tokenize(TokenizeConfig(inputs=[str(kjv)], out=str(tmp_path / "data"), shard_size="1MB", workers=1,
+                            progress=False))
+    sets = [f"data.path={tmp_path / 'data'}", "data.seq_len=32", "data.batch_size=4", "data.num_workers=0",
+            "model.n_layer=1", "model.n_head=2", "model.d_model=32", "train.steps=4", "train.warmup_steps=1",
+            f"checkpoint.dir={tmp_path / 'ck'}", "checkpoint.every=2", "log.every=2", "log.jsonl="]
+    assert train(load_config("demo", sets))["step"] == 4
+    capsys.readouterr()
+    assert train(load_config("demo", sets))["step"] == 4
+    out = capsys.readouterr().out
+    assert "nothing to do" in out and "--set train.steps=8" in out and "checkpoint.resume=none" in out
+    assert "no steps measured" in out and "verdict" not in out
+    assert train(load_config("demo", sets + ["train.steps=6"]))["step"] == 6  # the advice works
+
+
+def test_sigterm_ends_a_run_whose_step_is_far_beyond_the_machine(tmp_path, kjv):
+    """One step would take many minutes: a warning says so before it starts; the first SIGTERM is answered at
+    once (stop after this step), the second ends the process at once."""
+    from dataflow.preprocess.run import TokenizeConfig, tokenize
+
+    tokenize(TokenizeConfig(inputs=[str(kjv)], out=str(tmp_path / "data"), shard_size="4MB", workers=1,
+                            progress=False))
+    cmd = [sys.executable, "-m", "trainer", "--config", "demo", "--set", f"data.path={tmp_path / 'data'}",
+           "--set", "data.seq_len=100000", "--set", "data.batch_size=1", "--set", "data.num_workers=1",
+           "--set", f"checkpoint.dir={tmp_path / 'ck'}", "--set", "log.jsonl="]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # read until the warning: the first step is starting
+            lines.append(line)
+            if line.startswith("warning:"):
+                break
+        assert lines and "minutes" in lines[-1] and "data.seq_len (100000)" in lines[-1], lines
+        proc.send_signal(signal.SIGTERM)
+        first = proc.stderr.readline()  # blocks until the trainer answers: it must answer mid-step
+        assert "stopping after the current step" in first, first
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert "stopped at once" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not os.path.exists(tmp_path / "ck") or not os.listdir(tmp_path / "ck")  # no step finished: no checkpoint
