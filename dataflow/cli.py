@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(func=cmd_decode)
 
-    add_profile_parser(sub)
+    add_profile_parser(sub, formatter_class=_HelpFormatter)
     sub.choices["profile"].add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                                         help="show full tracebacks (also DATAFLOW_DEBUG=1)")
     return p

@@ -26,11 +26,13 @@ def target(config_path: str) -> ProfileTarget:
     d = cfg.data
     defaults = {"data": d.path or None, "batch_size": d.batch_size, "seq_len": d.seq_len,
                 "num_workers": d.num_workers, "depth": d.prefetch_depth, "seed": cfg.train.seed,
+                "shuffle_window": d.shuffle_window,
                 "device": None if cfg.train.device == "auto" else cfg.train.device}
 
     def make_loader(s: Any, **loader_options: Any) -> Any:
         data = dataclasses.replace(cfg.data, path=s.data, batch_size=s.batch_size, seq_len=s.seq_len,
-                                   num_workers=s.num_workers, val_path="")
+                                   num_workers=s.num_workers, val_path="",
+                                   shuffle_window=s.shuffle_window or cfg.data.shuffle_window)
         run = dataclasses.replace(cfg, data=data, train=dataclasses.replace(cfg.train, seed=s.seed))
         _, loader, _ = build_data(run, Dist(device=torch.device(s.device)), **loader_options)
         return loader

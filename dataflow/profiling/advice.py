@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 STAGE_ADVICE = {
@@ -10,12 +11,22 @@ STAGE_ADVICE = {
             "compression (`dataflow tokenize --compression none`, or a lower --zstd-level)",
     "fetch": "opening/downloading shards dominates: the shards are remote or the cache is cold; warm the cache "
              "($DATAFLOW_CACHE), use a faster store, or larger shards",
-    "shuffle": "locating samples in the epoch order dominates: lower the dataset's shuffle_window",
+    "shuffle": "locating samples in the epoch order dominates: lower --shuffle-window (data.shuffle_window in a "
+               "trainer config, StreamingDataset(shuffle_window=...) in code)",
     "collate": "packing windows into batches dominates: add workers (position_ids cost extra work)",
-    "h2d": "the host-to-device copy dominates: pin memory (pin_memory=True) and keep depth >= 2",
+    "h2d": "the host-to-device copy dominates: pin memory (StreamingDataLoader(pin_memory=True)) and keep "
+           "--depth >= 2",
 }
 SLOW_HEADROOM = 2.0  # below this capacity / need, the slowest stage is worth naming
 FETCH_CPU_SHARE = 0.10  # main-process CPU in next() above this share of a step is worth a remark
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity, which containers and Slurm set), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def workers_needed(workers: int, capacity: float, needed: float, margin: float = 1.25) -> int:
@@ -46,9 +57,7 @@ def advise(result: dict[str, Any]) -> list[str]:
         out.append(f"{run['verdict']}: the consumer waited {run['data_wait_pct']:.1f}% of wall time for data "
                    f"(p99 {run['wait_p99_ms']:.1f} ms per batch).")
         if headroom is not None and headroom < 1.0 and cap and needed:
-            more = workers_needed(w, cap, needed)
-            out.append(f"the loader delivers {cap:.1f} batches/s, the step needs {needed:.1f}: try "
-                       f"num_workers={more} (--sweep num_workers={w},{more}).")
+            out.append(_more_workers(w, cap, needed, usable_cores()))
         elif headroom is not None:
             out.append(f"the loader keeps up on average ({headroom:.1f}x headroom) but batches arrive unevenly: "
                        f"raise depth or prefetch_factor (--sweep depth={s['depth']},{2 * s['depth']}).")
@@ -62,3 +71,17 @@ def advise(result: dict[str, Any]) -> list[str]:
         out.append(f"fetching costs the training process {cpu_ms:.2f} ms of CPU per batch "
                    f"({100 * cpu_ms / step_ms:.0f}% of a step): {where}.")
     return out
+
+
+def _more_workers(workers: int, capacity: float, needed: float, cores: int) -> str:
+    """How many workers would keep up, within this machine's cores; past them, say that cores are missing."""
+    more = workers_needed(workers, capacity, needed)
+    head = f"the loader delivers {capacity:.1f} batches/s, the step needs {needed:.1f}"
+    if more <= cores:
+        return f"{head}: try --num-workers {more} (--sweep num_workers={workers},{more})."
+    reach = capacity * cores / max(workers, 1)
+    text = (f"{head}; even one worker per core ({cores}, this machine's) would reach about {reach:.1f}: "
+            f"the loader needs more CPU than this machine has")
+    if workers < cores:
+        text += f"; --num-workers {cores} gets closest (--sweep num_workers={workers},{cores})"
+    return text + "."

@@ -13,13 +13,13 @@ from typing import Any
 from dataflow.errors import ConfigError
 
 
-def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add `profile` to the subparsers `sub` of the `dataflow` command."""
+def add_profile_parser(sub: Any, formatter_class: type = argparse.HelpFormatter) -> argparse.ArgumentParser:
+    """Add `profile` to the subparsers `sub` of the `dataflow` command (help laid out by `formatter_class`)."""
     p = sub.add_parser("profile", help="is training input-bound? loader capacity, data wait, stage breakdown",
                        description="Measure the loader alone (capacity), then against a consumer busy --step-ms "
                                    "per step (or the trainer's model with --config); report data wait, where "
                                    "the loader's time goes, and what to change.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=formatter_class)
     p.add_argument("data", nargs="?", help="dataset folder or URL (default with --config: its data.path)")
     p.add_argument("--batch-size", type=int, help="batch size (default with --config: data.batch_size)")
     p.add_argument("--seq-len", type=int, help="sequence length (default with --config: data.seq_len)")
@@ -33,6 +33,8 @@ def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="batches taken before measuring (default: enough "
                    "to start every worker)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default auto: cuda when present)")
+    p.add_argument("--shuffle-window", type=int, default=None, help="shards shuffled together (default with "
+                   "--config: data.shuffle_window, else the loader's own)")
     p.add_argument("--seed", type=int, default=None, help="shuffle seed (default: train.seed of --config, else 0)")
     p.add_argument("--sweep", nargs="+", metavar="KEY=V,V", help="also try each combination, e.g. "
                    "--sweep num_workers=0,1,2 depth=1,2,4; recommends the cheapest below 1%% data wait")
@@ -54,7 +56,7 @@ def _settings(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if not data:
         raise ConfigError("name the dataset: dataflow profile DATA ... (or set data.path in --config)")
     pick = {"batch_size": args.batch_size, "seq_len": args.seq_len, "num_workers": args.num_workers,
-            "depth": args.depth}
+            "depth": args.depth, "shuffle_window": args.shuffle_window}
     for key, value in pick.items():
         if value is None:
             pick[key] = defaults.get(key)

@@ -39,11 +39,14 @@ class RunSettings:
     warmup: int | None = None  # default: enough to start every worker and fill the queues
     device: str = "auto"
     seed: int = 0
+    shuffle_window: int | None = None  # shards shuffled together (None: StreamingDataset's default)
 
     def check(self) -> None:
         for name in ("batch_size", "seq_len", "depth", "prefetch_factor", "batches"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.shuffle_window is not None and self.shuffle_window < 1:
+            raise ConfigError(f"--shuffle-window must be at least 1, got {self.shuffle_window}")
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}")
 
@@ -78,7 +81,8 @@ def make_loader(s: RunSettings, **options: Any) -> Any:
     from dataflow.loading.dataset import StreamingDataset
     from dataflow.loading.loader import StreamingDataLoader
 
-    ds = StreamingDataset(s.data, seq_len=s.seq_len, seed=s.seed)
+    window = {} if s.shuffle_window is None else {"shuffle_window": s.shuffle_window}
+    ds = StreamingDataset(s.data, seq_len=s.seq_len, seed=s.seed, **window)
     return StreamingDataLoader(ds, batch_size=s.batch_size, num_workers=s.num_workers, **options)
 
 

@@ -66,8 +66,9 @@ def format_run(r: dict[str, Any]) -> list[str]:
     d = r.get("decode") or {}
     if d.get("shards_decoded") or d.get("decode_hits"):
         per = f", {d['ms_per_shard']:.0f} ms each" if d.get("ms_per_shard") else ""
-        lines.append(f"  decoded cache   {d['shards_decoded']} zstd shards decoded{per}; {d['decode_hits']} found "
-                     f"decoded already (shared by every worker and rank of the machine)")
+        lines.append(f"  decoded cache   {d['shards_decoded']} zstd shard(s) decoded{per}; {d['decode_hits']} "
+                     f"shard opening(s) found the decoded copy ready (one copy per machine, shared by "
+                     f"every worker and rank)")
     if "capacity" in r:
         c = r["capacity"]
         lines.append(f"  capacity        {c['batches_per_s']:.1f} batches/s, {_rate(c['tokens_per_s'], 'tokens')} "
