@@ -29,6 +29,11 @@ def test_only_env_py_reads_dataflow_variables_and_each_is_declared():
     assert names <= set(env.VARIABLES), sorted(names - set(env.VARIABLES))
 
 
+def test_docs_list_every_variable():
+    text = (ROOT / "docs" / "api.md").read_text()
+    assert all(f"`{name}" in text for name in env.VARIABLES), [n for n in env.VARIABLES if f"`{n}" not in text]
+
+
 @pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "1e400"])
 def test_a_bad_number_is_one_config_error_naming_it(monkeypatch, value):
     monkeypatch.setenv("DATAFLOW_READ_TIMEOUT_S", value)
