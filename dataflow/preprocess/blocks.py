@@ -69,22 +69,16 @@ def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id
 
 
 def _line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BYTES) -> Iterator[bytes]:
-    """Blocks of whole lines whose first byte lies in [start, end) (end None: to the end of the stream)."""
+    """Blocks of whole lines whose first byte lies in [start, end) (end None: to the end of the stream).
+
+    Each line belongs to the unit its first byte lies in, so units cut anywhere give every line once."""
     pos = 0
     rest = b""
-    if start > 0:  # skip the line that began in the previous unit
-        f.seek(start - 1)
-        pos = start - 1
-        while True:
-            block = f.read(size)
-            if not block:
-                return
-            cut = block.find(b"\n")
-            if cut >= 0:
-                pos += cut + 1
-                rest = block[cut + 1:]
-                break
-            pos += len(block)
+    if start > 0:
+        first = _first_line_at(f, start, end, size)
+        if first is None:
+            return
+        pos, rest = first
     while True:
         block = f.read(size)
         buf = rest + block if rest else block
@@ -103,6 +97,25 @@ def _line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BY
         yield chunk
         if not block:
             return
+
+
+def _first_line_at(f: IO[bytes], start: int, end: int | None, size: int) -> tuple[int, bytes] | None:
+    """(where the first line beginning at or after `start` begins, the bytes read past that point), or None
+    when no line begins in [start, end): the line running through `start` began in an earlier unit and
+    reaches `end`, so it is all that unit's (the scan stops a block past `end`, not at that line's end)."""
+    pos = start - 1
+    f.seek(pos)
+    while True:
+        block = f.read(size)
+        if not block:
+            return None
+        cut = block.find(b"\n")
+        if cut >= 0:
+            first = pos + cut + 1
+            return None if end is not None and first >= end else (first, block[cut + 1:])
+        pos += len(block)
+        if end is not None and pos >= end:
+            return None
 
 
 def jsonl_blocks(data: bytes, text_field: str, id_field: str, size: int = BLOCK_BYTES) -> Iterator[Block]:
