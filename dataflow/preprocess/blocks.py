@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataflow.errors import InputError
+from dataflow.preprocess.compressed import read_errors
 from dataflow.preprocess.sources import Record, open_decompressed, parse_json_line, read_parquet_groups, read_text
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def block_of(records: list[Record]) -> Block:
 
 def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Block]:
     """Every record of one work unit, in order, a block at a time."""
-    try:
+    with read_errors(unit.file):
         if unit.data is not None:  # a piece of a compressed stream, decompressed by the main process
             yield from jsonl_blocks(unit.data, text_field, id_field)
         elif unit.kind == "jsonl":
@@ -58,14 +58,6 @@ def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id
                 yield from _parquet_blocks(table, text_field, id_field)
         else:
             yield block_of(list(read_text(unit.file)))
-    except InputError:
-        raise
-    except (OSError, EOFError) as e:
-        raise InputError(f"{unit.file}: cannot read ({type(e).__name__}: {e})") from None
-    except Exception as e:  # zstandard and gzip raise their own error types for damaged streams
-        if type(e).__module__.split(".")[0] in ("zstandard", "gzip", "zlib", "_compression", "lzma", "bz2"):
-            raise InputError(f"{unit.file}: damaged compressed stream ({e})") from None
-        raise
 
 
 def _line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BYTES) -> Iterator[bytes]:

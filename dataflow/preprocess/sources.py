@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Iterator
 
 import fsspec
-import fsspec.compression
-import zstandard
 
 from dataflow.errors import InputError
+from dataflow.preprocess.compressed import decompressed, read_errors
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -105,21 +104,18 @@ def _is_input(path: str) -> bool:
 
 @contextlib.contextmanager
 def open_decompressed(url: str, seek: bool = False) -> Iterator[IO[bytes]]:
-    """A buffered, line-iterable binary stream of the file's decompressed bytes.
+    """A buffered, line-iterable binary stream of the file's decompressed bytes. A compressed file that ends
+    early, or any error reading it, is an `InputError` naming it (also when raised by the caller's reads).
 
     HTTP files are streamed (block_size=0) unless the caller must seek, which needs range requests.
     """
     _, codec = split_compression(url)
     streaming = url.startswith(("http://", "https://")) and not seek
-    with fsspec.open(url, "rb", **({"block_size": 0} if streaming else {})) as raw:
-        if codec == "zstd":
-            reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-            with io.BufferedReader(reader, buffer_size=1 << 20) as f:
-                yield f
-        elif codec is None:
+    with read_errors(url), fsspec.open(url, "rb", **({"block_size": 0} if streaming else {})) as raw:
+        if codec is None:
             yield raw
         else:
-            with fsspec.compression.compr[codec](raw, mode="rb") as f:
+            with decompressed(raw, codec, url) as stream, io.BufferedReader(stream, buffer_size=1 << 20) as f:
                 yield f
 
 
