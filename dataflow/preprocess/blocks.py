@@ -4,7 +4,8 @@ JSONL is cut into blocks of whole lines and parsed by pyarrow's JSON reader (C++
 and id fields. A block pyarrow cannot read exactly as `json.loads` would (a bad record, a blank line, a
 lone surrogate, an id that is neither string nor integer, invalid UTF-8) is parsed again line by line
 by `sources.parse_json_line`, so bad records are found, counted and explained exactly as before. Parquet
-row groups become blocks by slicing; a text file is one block of one document.
+row groups become blocks by slicing; a text file is one block: its document, then its lines that are not
+UTF-8 as bad records.
 """
 
 from __future__ import annotations
@@ -28,20 +29,23 @@ BLOCK_BYTES = 1 << 21  # input bytes per block: one engine call and one output r
 @dataclass
 class Block:
     """Consecutive records: `texts` (null for a bad record), `ids` (null when the input has none) and
-    `errors` (why a record is bad; null for a good one), all of the same length."""
+    `errors` (why a record is bad; null for a good one), all of the same length; `positions`, where the
+    records are not numbered one after the other (a text file's lines), gives each one's place in its unit."""
 
     texts: pa.Array
     ids: pa.Array
     errors: pa.Array
+    positions: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
 
 
-def block_of(records: list[Record]) -> Block:
-    """The slow path's records as a block."""
+def block_of(records: list[Record], placed: bool = False) -> Block:
+    """The slow path's records as a block (`placed`: at their own `index`, not one after the other)."""
     return Block(pa.array([r.text for r in records], pa.string()), pa.array([r.id for r in records], pa.string()),
-                 pa.array([r.error for r in records], pa.string()))
+                 pa.array([r.error for r in records], pa.string()),
+                 np.array([r.index for r in records], dtype=np.int64) if placed else None)
 
 
 def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Block]:
@@ -57,7 +61,7 @@ def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id
             for table in read_parquet_groups(unit.file, text_field, id_field, unit.start, unit.end):
                 yield from _parquet_blocks(table, text_field, id_field)
         else:
-            yield block_of(list(read_text(unit.file)))
+            yield block_of(list(read_text(unit.file)), placed=True)
 
 
 def _line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BYTES) -> Iterator[bytes]:

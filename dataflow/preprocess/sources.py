@@ -30,8 +30,9 @@ COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": 
 
 @dataclass
 class Record:
-    """One input record. `index` counts records from the start of its work unit; `text` is None
-    when the record is bad, and `error` says why; `id` is None when the input carries none."""
+    """One input record. `index` counts records from the start of its work unit (in a text file: the line a
+    record starts at, from 0); `text` is None when the record is bad, and `error` says why; `id` is None when
+    the input carries none."""
 
     index: int
     id: str | None
@@ -204,10 +205,23 @@ def parquet_records(texts: list, ids: list, text_field: str) -> Iterator[Record]
 
 
 def read_text(url: str) -> Iterator[Record]:
-    """One document per text file: the file is the unit of the document, so it is read whole."""
+    """A text file as one document: the whole file, its id the file's name. A line that is not UTF-8 is left out
+    of the document and comes as a bad record of its own, placed at that line (`index`, from 0): one bad byte
+    costs its line, not the file. A file none of whose lines can be kept gives no document."""
     with open_decompressed(url) as f:
         raw = f.read()
     try:
         yield Record(0, None, raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        yield Record(0, None, None, f"undecodable bytes (not UTF-8 at byte {e.start})")
+        return
+    except UnicodeDecodeError:
+        pass
+    kept, bad = [], []
+    for number, line in enumerate(raw.split(b"\n")):  # a line end is ASCII: no UTF-8 character spans one
+        try:
+            kept.append(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            bad.append(Record(number, None, None, f"undecodable bytes (not UTF-8 at byte {e.start} of the line); "
+                                                  f"the line is left out of the file's document"))
+    if any(kept):
+        yield Record(0, None, "\n".join(kept))
+    yield from bad
