@@ -50,7 +50,8 @@ def test_a_bad_byte_costs_its_line_not_the_file(tmp_path, capsys, raw, kept, bad
     (tmp_path / "in" / "a.txt").write_bytes(raw)
     (tmp_path / "in" / "b.txt").write_bytes(b"the next file")
     assert tokenize(tmp_path / "in", tmp_path / "out", "--workers", workers) == 0
-    assert documents(tmp_path / "out", capsys) == [{"id": "a.txt", "text": kept}, {"id": "b.txt", "text": "the next file"}]
+    assert documents(tmp_path / "out", capsys) == [{"id": "a.txt", "text": kept},
+                                                   {"id": "b.txt", "text": "the next file"}]
     assert errors(tmp_path / "out") == [("a.txt", n, "undecodable bytes") for n in bad_lines]
 
 

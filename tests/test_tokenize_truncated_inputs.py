@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
 import lzma
-import io
 import struct
 
 import numpy as np
@@ -113,7 +113,8 @@ def test_a_cut_multi_frame_jsonl_zst_is_an_error_naming_it(tmp_path, corpus, tok
     stream, ends = zstd_frames_of(corpus, 100)
     src = tmp_path / "kjv.jsonl.zst"
     src.write_bytes(stream[:ends[6] + 1000])  # inside the 8th frame: 700 whole lines before the cut
-    assert_refused(tokenize(src, tmp_path / "out", "--workers", workers), tmp_path / "out", str(src), "ends early", "incomplete")
+    assert_refused(tokenize(src, tmp_path / "out", "--workers", workers), tmp_path / "out", str(src), "ends early",
+                   "incomplete")
 
 
 def test_a_multi_frame_jsonl_zst_cut_between_frames_is_a_whole_shorter_file(tmp_path, corpus, tokenize):

@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Iterator
 
 import fsspec
 
-from dataflow.errors import InputError
+from dataflow.errors import ConfigError, InputError
 from dataflow.preprocess.compressed import decompressed, read_errors
 
 if TYPE_CHECKING:
@@ -56,8 +56,8 @@ def input_kind(url: str) -> str:
         return "parquet"
     if base.endswith(TEXT_SUFFIXES):
         return "text"
-    raise InputError(f"{url}: unsupported input type; expected .jsonl/.json (optionally .gz/.zst), "
-                     f".parquet or .txt (optionally .gz/.zst)")
+    raise ConfigError(f"{url}: unsupported input type; expected .jsonl/.json (optionally .gz/.zst), "
+                      f".parquet or .txt (optionally .gz/.zst)")
 
 
 def expand_inputs(inputs: list[str]) -> list[str]:
@@ -89,9 +89,10 @@ def _expand_one(item: str) -> list[str]:
             elif fs.exists(p):
                 found.append(p)
             else:
-                raise InputError(f"{item}: no such file or directory")
+                raise ConfigError(f"{item}: no such file or directory; check the path")
     if not found:
-        raise InputError(f"{item}: matched no input files")
+        raise ConfigError(f"{item}: matched no input files; check the path or pattern (inputs end in .jsonl, .json, "
+                          f".parquet or .txt, optionally .gz or .zst)")
     return [f if protocol in ("file", "local") else fs.unstrip_protocol(f) for f in found]
 
 
@@ -99,7 +100,7 @@ def _is_input(path: str) -> bool:
     try:
         input_kind(path)
         return not os.path.basename(path).startswith((".", "_"))
-    except InputError:
+    except ConfigError:
         return False
 
 

@@ -2,8 +2,9 @@
 
 A unit's output is an Arrow record-batch stream with one row per input record, in input order:
 `position` (record index in the unit; in a text file, the line the record starts at), `id` (null when the
-input has none), `tokens` (null for a bad record) and `error` (why a record is bad). Workers write it to a local file that the main process
-reads back batch by batch, so neither side holds a whole unit in memory, however large the unit.
+input has none), `tokens` (null for a bad record) and `error` (why a record is bad). Workers write it to a
+local file that the main process reads back batch by batch, so neither side holds a whole unit in memory,
+however large the unit.
 """
 
 from __future__ import annotations
