@@ -150,3 +150,19 @@ def test_a_file_named_for_a_codec_it_is_not_in_is_one_line(tmp_path, corpus, tok
     src.write_bytes(corpus[:100_000])
     assert_refused(tokenize(src, tmp_path / "out", "--workers", "2"), tmp_path / "out", str(src),
                    f"not {name} file", "give it the extension of what it holds")
+
+
+def test_after_the_file_is_replaced_whole_the_rerun_resumes_to_the_bytes_of_a_clean_run(tmp_path, corpus, tokenize):
+    from test_tokenize_scale import dataset_bytes
+
+    stream, ends = zstd_frames_of(corpus, 100)
+    src = tmp_path / "kjv.jsonl.zst"
+    src.write_bytes(stream)
+    assert tokenize(src, tmp_path / "ref", "--workers", "2")[0] == 0
+    src.write_bytes(stream[:ends[-3] - 10])
+    assert_refused(tokenize(src, tmp_path / "out", "--workers", "1"), tmp_path / "out", "ends early")
+    assert json.loads((tmp_path / "out" / "_work" / "task-00000" / "journal.json").read_text())["next_piece"] > 0
+    src.write_bytes(stream)
+    code, out, err = tokenize(src, tmp_path / "out", "--workers", "1", "--json")
+    assert code == 0, err
+    assert dataset_bytes(tmp_path / "out") == dataset_bytes(tmp_path / "ref")
