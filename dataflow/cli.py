@@ -179,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
         return c
 
     t = add("tokenize", "tokenize raw text into compressed shards")
-    t.add_argument("inputs", nargs="+", help="files, globs, folders or fsspec URLs (.jsonl[.gz|.zst], .parquet, .txt)")
+    t.add_argument("inputs", nargs="+", help="files, globs, folders or fsspec URLs: .jsonl/.json (a document a "
+                   "line), .parquet (a document a row), .txt (a document a file); .jsonl and .txt optionally .gz, "
+                   ".zst, .bz2 or .xz")
     t.add_argument("-o", "--out", required=True, help="output dataset folder")
     t.add_argument("--tokenizer", default="bytes", help="bytes | PATH/URL to tokenizer.json | tiktoken:PATH")
     t.add_argument("--engine", default="auto", choices=["auto", "gigatoken", "tiktoken", "hf"],

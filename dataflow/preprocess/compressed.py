@@ -22,7 +22,7 @@ from typing import IO, Iterator
 
 import zstandard
 
-from dataflow.errors import InputError
+from dataflow.errors import InputError, cause
 
 ZSTD_MAGIC = 0xFD2FB528
 SKIPPABLE_MAGICS = range(0x184D2A50, 0x184D2A60)
@@ -90,7 +90,10 @@ class ZstdFrames:
             content_size = ((1 if single_segment else 0), 2, 4, 8)[header >> 6]
             rest = (1 - single_segment) + (0, 1, 2, 4)[header & 3] + content_size
             self._checksum = bool(header & 0x04)
-            self._expect("frame header", rest) if rest else self._expect("block", 3)
+            if rest:
+                self._expect("frame header", rest)
+            else:
+                self._expect("block", 3)
         elif self._state == "frame header":
             self._expect("block", 3)
         elif self._state == "block":
@@ -98,9 +101,12 @@ class ZstdFrames:
             if kind == 3:
                 raise FrameError(f"the zstd block header at byte {at} has the reserved block type", at)
             self._skip = 1 if kind == 1 else header >> 3  # an RLE block holds one byte
-            last = header & 1
-            self._expect("block", 3) if not last else self._expect("checksum", 4) if self._checksum \
-                else self._expect("magic", 4)
+            if not header & 1:  # not the frame's last block
+                self._expect("block", 3)
+            elif self._checksum:
+                self._expect("checksum", 4)
+            else:
+                self._expect("magic", 4)
         elif self._state == "checksum":
             self._expect("magic", 4)
         elif self._state == "skippable size":
@@ -129,7 +135,7 @@ class CheckedSource:
                 try:
                     self._frames.feed(data)
                 except FrameError as e:
-                    raise self._not_codec(str(e)) if e.at == 0 else damaged(self._url, str(e)) from None
+                    raise self._not_codec(str(e)) if e.at == 0 else damaged(self._url, str(e)) from cause(e)
             self.passed += len(data)
         elif self.passed == 0:
             raise truncated(self._url, "the file is empty")
@@ -192,8 +198,8 @@ def read_errors(url: str) -> Iterator[None]:
     except InputError:
         raise
     except EOFError as e:  # gzip, bz2 and lzma: the stream ends inside a member
-        raise truncated(url, str(e)) from None
+        raise truncated(url, str(e)) from cause(e)
     except (zstandard.ZstdError, gzip.BadGzipFile, zlib.error, lzma.LZMAError) as e:
-        raise damaged(url, str(e)) from None
+        raise damaged(url, str(e)) from cause(e)
     except OSError as e:  # bz2 says "Invalid data stream" with an OSError
-        raise InputError(f"{url}: cannot read ({type(e).__name__}: {e})") from None
+        raise InputError(f"{url}: cannot read ({type(e).__name__}: {e})") from cause(e)

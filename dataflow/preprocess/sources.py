@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+INPUT_TYPES = ".jsonl/.json/.ndjson or .txt, optionally .gz/.zst/.bz2/.xz, or .parquet"
 
 
 @dataclass
@@ -56,8 +57,7 @@ def input_kind(url: str) -> str:
         return "parquet"
     if base.endswith(TEXT_SUFFIXES):
         return "text"
-    raise ConfigError(f"{url}: unsupported input type; expected .jsonl/.json (optionally .gz/.zst), "
-                      f".parquet or .txt (optionally .gz/.zst)")
+    raise ConfigError(f"{url}: unsupported input type; expected {INPUT_TYPES}")
 
 
 def expand_inputs(inputs: list[str]) -> list[str]:
@@ -91,8 +91,7 @@ def _expand_one(item: str) -> list[str]:
             else:
                 raise ConfigError(f"{item}: no such file or directory; check the path")
     if not found:
-        raise ConfigError(f"{item}: matched no input files; check the path or pattern (inputs end in .jsonl, .json, "
-                          f".parquet or .txt, optionally .gz or .zst)")
+        raise ConfigError(f"{item}: matched no input files; check the path or pattern (inputs: {INPUT_TYPES})")
     return [f if protocol in ("file", "local") else fs.unstrip_protocol(f) for f in found]
 
 
