@@ -256,18 +256,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     layout.remove_partial_writes(keep={split["file"]["temp"] for split in (progress.splits if progress else {}).values()
                                        if split.get("file")})
 
-    provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if layout.tasked:
-        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "units": [lo, hi]}
-    writers: dict[str, SpilledWriter] = {}
-    for split in layout.splits:
-        os.makedirs(layout.writer_dir(split), exist_ok=True)
-        meta = tok.copy_into(layout.writer_dir(split))
-        w = ShardWriter(layout.writer_dir(split), tokenizer_meta=meta, format=cfg.format,
-                        compression=cfg.compression, shard_size=cfg.shard_size, zstd_level=cfg.zstd_level,
-                        provenance=provenance)
-        writers[split] = SpilledWriter(w, layout.work, split)
+    writers = _open_writers(cfg, layout, tok, files, (lo, hi))
     resumed_from = 0
     if progress is None:
         progress = Progress(settings=cfg.output_settings(), unit_bytes=unit_bytes)
@@ -312,6 +301,34 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
             w.writer.abort(remove=False)
         raise
     bar.close()
+    datasets = _close_writers(cfg, layout, writers)
+    notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
+             f"are done"] if layout.tasked else []
+    return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
+                   time.perf_counter() - started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
+                   resumed_from, len(units), notes)
+
+
+def _open_writers(cfg: TokenizeConfig, layout: Layout, tok: Tokenizer, files: list[str],
+                  task_units: tuple[int, int]) -> dict[str, SpilledWriter]:
+    """One journaled shard writer per split, each with its copy of the tokenizer and the run's provenance."""
+    provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if layout.tasked:
+        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "units": list(task_units)}
+    writers: dict[str, SpilledWriter] = {}
+    for split in layout.splits:
+        os.makedirs(layout.writer_dir(split), exist_ok=True)
+        meta = tok.copy_into(layout.writer_dir(split))
+        w = ShardWriter(layout.writer_dir(split), tokenizer_meta=meta, format=cfg.format,
+                        compression=cfg.compression, shard_size=cfg.shard_size, zstd_level=cfg.zstd_level,
+                        provenance=provenance)
+        writers[split] = SpilledWriter(w, layout.work, split)
+    return writers
+
+
+def _close_writers(cfg: TokenizeConfig, layout: Layout, writers: dict[str, SpilledWriter]) -> dict[str, dict]:
+    """Finish every split (last shard, manifest), then drop the work folder and the files only it needed."""
     datasets = {}
     for split, w in writers.items():
         m = w.writer.close()
@@ -322,11 +339,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
         w.release()
     if not os.listdir(os.path.join(cfg.out, WORK_DIR)):
         os.rmdir(os.path.join(cfg.out, WORK_DIR))
-    notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
-             f"are done"] if layout.tasked else []
-    return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
-                   time.perf_counter() - started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
-                   resumed_from, len(units), notes)
+    return datasets
 
 
 @contextlib.contextmanager
