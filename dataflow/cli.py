@@ -156,6 +156,16 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workers(text: str) -> int | str:
+    """--workers N, or auto (one per CPU); the range is checked with the other settings, in one line."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes nor auto") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dataflow", description="Keep GPUs fed: tokenize, inspect, verify, "
                                 "decode and profile token datasets.", formatter_class=_HelpFormatter)
@@ -170,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
         return c
 
     t = add("tokenize", "tokenize raw text into compressed shards")
-    t.add_argument("inputs", nargs="+", help="files, globs, folders or fsspec URLs (.jsonl[.gz|.zst], .parquet, .txt)")
+    t.add_argument("inputs", nargs="+", help="files, globs, folders or fsspec URLs: .jsonl/.json (a document a "
+                   "line), .parquet (a document a row), .txt (a document a file); .jsonl and .txt optionally .gz, "
+                   ".zst, .bz2 or .xz")
     t.add_argument("-o", "--out", required=True, help="output dataset folder")
     t.add_argument("--tokenizer", default="bytes", help="bytes | PATH/URL to tokenizer.json | tiktoken:PATH")
     t.add_argument("--engine", default="auto", choices=["auto", "gigatoken", "tiktoken", "hf"],
@@ -182,18 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--format", default="arrow", choices=["arrow", "tar"], help="shard format: Arrow IPC files "
                    "or WebDataset tars")
     t.add_argument("--compression", default="zstd", choices=["zstd", "none"], help="shard compression")
-    t.add_argument("--zstd-level", type=int, default=None, help="zstd level, 1-22 (default: Arrow's own, 1, "
-                   "for arrow shards; 3 for tar)")
+    t.add_argument("--zstd-level", type=int, default=None, help="zstd level: 1 (fast) to 22 (small), or negative "
+                   "down to -131072 for faster, larger shards (default: Arrow's own, 1, for arrow shards; 3 for tar)")
     t.add_argument("--shard-size", default="128MB", help="token bytes per shard before compression (e.g. 256MB)")
-    t.add_argument("--workers", type=int, default=0, help="worker processes (default: CPU count)")
+    t.add_argument("--workers", type=_workers, default="auto", help="worker processes: a number, or auto (also "
+                   "written 0) for one per CPU")
     t.add_argument("--seed", type=int, default=0, help="seed of the per-document train/val split")
     t.add_argument("--val-fraction", type=float, default=0.0, help="share of documents put in OUT/val "
                    "(0: one dataset in OUT, no split)")
     t.add_argument("--no-eos", action="store_true", help="do not append EOS after each document")
     t.add_argument("--max-errors", type=int, default=100, help="bad records tolerated before failing")
-    t.add_argument("--unit-size", default=None, help="input bytes per work unit (JSONL is cut into line-aligned "
-                   "pieces of this size, a compressed file as it is decompressed); default: about 4 units per "
-                   "worker, at most 32MB")
+    t.add_argument("--unit-size", default=None, help="input bytes per work unit, 64KB or more (JSONL is cut into "
+                   "line-aligned pieces of this size, a compressed file as it is decompressed); default: about 4 "
+                   "units per worker, at most 32MB")
     t.add_argument("--num-tasks", type=int, default=1, help="split the job into K task slices (Slurm arrays, ...)")
     t.add_argument("--task-index", type=int, default=0, help="which slice this run does (0-based)")
     t.add_argument("--executor", default="local", choices=["local", "ray"], help="local: a process pool; ray: "

@@ -114,10 +114,10 @@ def test_rerun_with_other_settings_is_refused(tmp_path):
 
 
 def test_usage_errors_exit_2(tmp_path, capsys):
-    assert main(["tokenize", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o"), "--no-progress"]) == 1
+    assert main(["tokenize", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o"), "--no-progress"]) == 2
     assert "no such file" in capsys.readouterr().err
     (tmp_path / "x.csv").write_text("a,b")
-    assert main(["tokenize", str(tmp_path / "x.csv"), "-o", str(tmp_path / "o"), "--no-progress"]) == 1
+    assert main(["tokenize", str(tmp_path / "x.csv"), "-o", str(tmp_path / "o"), "--no-progress"]) == 2
     assert "unsupported input type" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["tokenize"])

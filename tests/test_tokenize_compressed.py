@@ -11,14 +11,13 @@ import bz2
 import gzip
 import json
 import lzma
-import os
 import signal
 import subprocess
-import time
 
 import pytest
 import zstandard
 
+import tokenize_kill_points as kill_points
 from test_tokenize_scale import DATAFLOW, dataset_bytes
 
 COMPRESS = {".zst": lambda b: zstandard.ZstdCompressor(level=3).compress(b), ".gz": gzip.compress,
@@ -87,26 +86,12 @@ def test_kill_9_in_the_middle_of_a_compressed_file_resumes_to_the_same_bytes(tmp
     run(src, tmp_path / "ref", "--workers", "2", "--no-progress")
     out = tmp_path / "killed"
     journal = out / "_work" / "task-00000" / "journal.json"
-    args = [*DATAFLOW, "tokenize", str(src), "-o", str(out), "--no-progress", "--shard-size", "512KB",
-            "--unit-size", "256KB", "--workers", "2"]
-    pieces_at_kill = []
-    for _ in range(6):
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        last = pieces_at_kill[-1] if pieces_at_kill else 0
-        while proc.poll() is None:
-            try:
-                piece = json.loads(journal.read_text())["next_piece"]
-            except (OSError, ValueError, KeyError):
-                piece = 0
-            if piece > last:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                pieces_at_kill.append(piece)
-                break
-            time.sleep(0.005)
-        if proc.returncode == 0:
-            break
-    assert len(pieces_at_kill) >= 2, pieces_at_kill  # killed twice in the middle of the one file
+    args = ["tokenize", src, "-o", out, "--no-progress", "--shard-size", "512KB", "--unit-size", "256KB",
+            "--workers", "2"]
+    for piece in (3, 9):  # each run resumes the one before and is killed once this many pieces are committed
+        p = subprocess.run(kill_points.command({"next_piece": piece}, *args), capture_output=True, text=True)
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        assert json.loads(journal.read_text())["next_piece"] == piece  # in the middle of the one file
     run(src, out, "--workers", "1", "--no-progress")
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert not (out / "_work").exists()

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import tokenize_kill_points as kill_points
 from conftest import GPT2_JSON
 from dataflow.cli import main
 
@@ -63,23 +64,22 @@ def test_the_engine_proof_samples_a_bounded_prefix_of_a_huge_first_document(tmp_
 
 
 def test_a_second_run_into_the_same_folder_is_refused_while_the_first_runs(tmp_path, kjv):
+    """The first run holds its lock, paused at its first journal save until the second has been refused."""
     out = tmp_path / "out"
-    inputs = [str(kjv)] * 6  # long enough to still be running when the second one starts
-    first = subprocess.Popen([sys.executable, "-m", "dataflow", "tokenize", *inputs, "-o", str(out), "--tokenizer",
-                              str(GPT2_JSON), "--workers", "1", "--no-progress"], stdout=subprocess.PIPE,
+    args = ["tokenize", str(kjv), "-o", str(out), "--tokenizer", str(GPT2_JSON), "--workers", "1", "--no-progress"]
+    paused, go = tmp_path / "paused", tmp_path / "go"
+    first = subprocess.Popen(kill_points.command({"pause": [str(paused), str(go)]}, *args), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not ((out / "_work").exists() and any((out / "_work").glob("*.lock"))):  # the first holds its lock
-        assert first.poll() is None and time.monotonic() < deadline, "the first run ended before the check"
-        time.sleep(0.05)
-    second = subprocess.run([sys.executable, "-m", "dataflow", "tokenize", *inputs, "-o", str(out), "--tokenizer",
-                             str(GPT2_JSON), "--workers", "1", "--no-progress"], capture_output=True, text=True,
-                            timeout=120)
-    finished_first = first.poll() is not None
+    try:
+        deadline = time.monotonic() + 300
+        while not paused.exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1]
+            time.sleep(0.02)
+        second = subprocess.run([sys.executable, "-m", "dataflow", *args], capture_output=True, text=True, timeout=120)
+    finally:
+        go.touch()
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
-    if finished_first:
-        pytest.skip("the first run finished before the second started (too fast a machine to race them)")
     assert second.returncode == 2 and second.stderr.count("\n") == 1
     assert "another `dataflow tokenize` is writing this folder" in second.stderr
     assert main(["verify", str(out), "--no-progress"]) == 0

@@ -10,6 +10,8 @@ import time
 import pytest
 import zstandard
 
+import tokenize_kill_points as kill_points
+
 DATAFLOW = [sys.executable, "-m", "dataflow"]
 
 
@@ -63,53 +65,38 @@ def test_kill_9_and_resume_gives_identical_bytes(corpus, tmp_path):
     reference = tmp_path / "ref"
     tokenize(corpus, reference, "--workers", "2", "--val-fraction", "0.05")
     out = tmp_path / "killed"
-    args = [*DATAFLOW, "tokenize", str(corpus), "-o", str(out), "--no-progress", "--shard-size", "512KB",
-            "--unit-size", "256KB", "--workers", "2", "--val-fraction", "0.05"]
+    args = ["tokenize", corpus, "-o", out, "--no-progress", "--shard-size", "512KB", "--unit-size", "256KB",
+            "--workers", "2", "--val-fraction", "0.05"]
     journal = out / "_work" / "task-00000" / "journal.json"
-    kills, last = 0, -1
-    for _ in range(6):
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 60
-        while proc.poll() is None and time.time() < deadline:
-            try:
-                done = json.loads(journal.read_text())["next_unit"]
-            except (OSError, ValueError, KeyError):
-                done = -1
-            if done > last:  # a new unit was committed since the last kill: kill mid-run
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                kills += 1
-                last = done
-                break
-            time.sleep(0.005)
-        if proc.poll() is not None and proc.returncode == 0:
-            break
-    assert kills >= 3
-    time.sleep(0.5)
-    orphans = subprocess.run(["pgrep", "-f", f"tokenize {corpus} -o {out}"], capture_output=True, text=True).stdout
-    assert not orphans.split(), "worker processes outlived the killed run"
+    for units in (3, 8, 14):  # each run resumes the one before and is killed once it has committed this many
+        p = subprocess.run(kill_points.command({"next_unit": units}, *args), capture_output=True, text=True)
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        assert json.loads(journal.read_text())["next_unit"] == units
+        assert not _orphans(f"tokenize {corpus} -o {out}"), "worker processes outlived the killed run"
     p = tokenize(corpus, out, "--workers", "1", "--val-fraction", "0.05", "--json")
     assert dataset_bytes(out) == dataset_bytes(reference)
     assert not (out / "_work").exists()
-    assert "resumed_from_unit" in json.loads(p.stdout)
+    assert json.loads(p.stdout)["resumed_from_unit"] == 14
+
+
+def _orphans(pattern: str, wait_s: float = 30) -> list[str]:
+    """Processes whose command line holds `pattern`, once they had `wait_s` to exit (workers die with their
+    parent at once; the wait only covers a loaded machine)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def kill_once_committed(corpus, out, units):
-    """Start a 1-worker run and kill -9 it once its journal has committed `units` units; returns the journal."""
-    args = [*DATAFLOW, "tokenize", str(corpus), "-o", str(out), "--no-progress", "--shard-size", "512KB",
-            "--unit-size", "256KB", "--workers", "1"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    journal = out / "_work" / "task-00000" / "journal.json"
-    while proc.poll() is None:
-        try:
-            if json.loads(journal.read_text())["next_unit"] >= units:
-                break
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    return journal
+    """Run with 1 worker, killed -9 once its journal has committed `units` units; returns the journal."""
+    p = subprocess.run(kill_points.command({"next_unit": units}, "tokenize", corpus, "-o", out, "--no-progress",
+                                           "--shard-size", "512KB", "--unit-size", "256KB", "--workers", "1"),
+                       capture_output=True, text=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    return out / "_work" / "task-00000" / "journal.json"
 
 
 def test_committed_units_are_not_redone(corpus, tmp_path):

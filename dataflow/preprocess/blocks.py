@@ -4,7 +4,8 @@ JSONL is cut into blocks of whole lines and parsed by pyarrow's JSON reader (C++
 and id fields. A block pyarrow cannot read exactly as `json.loads` would (a bad record, a blank line, a
 lone surrogate, an id that is neither string nor integer, invalid UTF-8) is parsed again line by line
 by `sources.parse_json_line`, so bad records are found, counted and explained exactly as before. Parquet
-row groups become blocks by slicing; a text file is one block of one document.
+row groups become blocks by slicing; a text file is one block: its document, then its lines that are not
+UTF-8 as bad records.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataflow.errors import InputError
+from dataflow.preprocess.compressed import read_errors
 from dataflow.preprocess.sources import Record, open_decompressed, parse_json_line, read_parquet_groups, read_text
 
 if TYPE_CHECKING:
@@ -28,25 +29,28 @@ BLOCK_BYTES = 1 << 21  # input bytes per block: one engine call and one output r
 @dataclass
 class Block:
     """Consecutive records: `texts` (null for a bad record), `ids` (null when the input has none) and
-    `errors` (why a record is bad; null for a good one), all of the same length."""
+    `errors` (why a record is bad; null for a good one), all of the same length; `positions`, where the
+    records are not numbered one after the other (a text file's lines), gives each one's place in its unit."""
 
     texts: pa.Array
     ids: pa.Array
     errors: pa.Array
+    positions: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
 
 
-def block_of(records: list[Record]) -> Block:
-    """The slow path's records as a block."""
+def block_of(records: list[Record], placed: bool = False) -> Block:
+    """The slow path's records as a block (`placed`: at their own `index`, not one after the other)."""
     return Block(pa.array([r.text for r in records], pa.string()), pa.array([r.id for r in records], pa.string()),
-                 pa.array([r.error for r in records], pa.string()))
+                 pa.array([r.error for r in records], pa.string()),
+                 np.array([r.index for r in records], dtype=np.int64) if placed else None)
 
 
 def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Block]:
     """Every record of one work unit, in order, a block at a time."""
-    try:
+    with read_errors(unit.file):
         if unit.data is not None:  # a piece of a compressed stream, decompressed by the main process
             yield from jsonl_blocks(unit.data, text_field, id_field)
         elif unit.kind == "jsonl":
@@ -57,34 +61,20 @@ def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id
             for table in read_parquet_groups(unit.file, text_field, id_field, unit.start, unit.end):
                 yield from _parquet_blocks(table, text_field, id_field)
         else:
-            yield block_of(list(read_text(unit.file)))
-    except InputError:
-        raise
-    except (OSError, EOFError) as e:
-        raise InputError(f"{unit.file}: cannot read ({type(e).__name__}: {e})") from None
-    except Exception as e:  # zstandard and gzip raise their own error types for damaged streams
-        if type(e).__module__.split(".")[0] in ("zstandard", "gzip", "zlib", "_compression", "lzma", "bz2"):
-            raise InputError(f"{unit.file}: damaged compressed stream ({e})") from None
-        raise
+            yield block_of(list(read_text(unit.file)), placed=True)
 
 
 def _line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BYTES) -> Iterator[bytes]:
-    """Blocks of whole lines whose first byte lies in [start, end) (end None: to the end of the stream)."""
+    """Blocks of whole lines whose first byte lies in [start, end) (end None: to the end of the stream).
+
+    Each line belongs to the unit its first byte lies in, so units cut anywhere give every line once."""
     pos = 0
     rest = b""
-    if start > 0:  # skip the line that began in the previous unit
-        f.seek(start - 1)
-        pos = start - 1
-        while True:
-            block = f.read(size)
-            if not block:
-                return
-            cut = block.find(b"\n")
-            if cut >= 0:
-                pos += cut + 1
-                rest = block[cut + 1:]
-                break
-            pos += len(block)
+    if start > 0:
+        first = _first_line_at(f, start, end, size)
+        if first is None:
+            return
+        pos, rest = first
     while True:
         block = f.read(size)
         buf = rest + block if rest else block
@@ -103,6 +93,25 @@ def _line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BY
         yield chunk
         if not block:
             return
+
+
+def _first_line_at(f: IO[bytes], start: int, end: int | None, size: int) -> tuple[int, bytes] | None:
+    """(where the first line beginning at or after `start` begins, the bytes read past that point), or None
+    when no line begins in [start, end): the line running through `start` began in an earlier unit and
+    reaches `end`, so it is all that unit's (the scan stops a block past `end`, not at that line's end)."""
+    pos = start - 1
+    f.seek(pos)
+    while True:
+        block = f.read(size)
+        if not block:
+            return None
+        cut = block.find(b"\n")
+        if cut >= 0:
+            first = pos + cut + 1
+            return None if end is not None and first >= end else (first, block[cut + 1:])
+        pos += len(block)
+        if end is not None and pos >= end:
+            return None
 
 
 def jsonl_blocks(data: bytes, text_field: str, id_field: str, size: int = BLOCK_BYTES) -> Iterator[Block]:

@@ -72,8 +72,7 @@ def _commit_batch(batch: pa.RecordBatch, unit: Unit, name: str, progress: Progre
 def _log_error(unit: Unit, record: int, doc_id: Any, reason: str, progress: Progress, errlog: IO[str],
                errors_path: str, max_errors: int) -> None:
     progress.errors += 1
-    where = {"line": record + 1} if unit.kind == "jsonl" else {"row": record} \
-        if unit.kind == "parquet" else {"document": record}
+    where = {"row": record} if unit.kind == "parquet" else {"line": record + 1}  # JSONL and text: lines from 1
     errlog.write(json.dumps({"file": unit.file, **where, "id": doc_id, "reason": reason}) + "\n")
     if progress.errors > max_errors:
         errlog.flush()

@@ -13,10 +13,8 @@ import dataclasses
 from typing import IO, Iterable, Iterator
 
 import fsspec
-import fsspec.compression
-import zstandard
 
-from dataflow.errors import InputError
+from dataflow.preprocess.compressed import decompressed, read_errors
 from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.sources import split_compression
 
@@ -56,33 +54,21 @@ def pieces(unit: Unit, piece_bytes: int, skip: int = 0) -> Iterator[Unit]:
     Each piece carries its number, its decompressed bytes (`data`, `size`) and how far into the
     compressed file the reading has come (`read`, for the progress estimate)."""
     _, codec = split_compression(unit.file)
-    try:
-        with fsspec.open(unit.file, "rb") as raw:
-            if codec == "zstd":
-                # large reads of the source: each one takes the GIL back from the thread that commits,
-                # and at the default 128 KB a busy main thread made decompression 8x slower
-                f = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, read_size=READ_SIZE)
-            else:
-                f = fsspec.compression.compr[codec](raw, mode="rb")
-            with f:
-                held: Unit | None = None
-                for number, data in enumerate(_cut(f, piece_bytes)):
-                    if held is not None:
-                        yield held
-                        held = None
-                    if number >= skip:
-                        held = dataclasses.replace(unit, piece=number, data=data, size=len(data), read=raw.tell(),
-                                                   last=False)
-                if held is not None:
-                    yield dataclasses.replace(held, last=True)
-                elif skip == 0:  # an empty file: one empty piece, so the unit is still committed
-                    yield dataclasses.replace(unit, piece=0, data=b"", size=0, read=raw.tell(), last=True)
-    except (OSError, EOFError) as e:
-        raise InputError(f"{unit.file}: cannot read ({type(e).__name__}: {e})") from None
-    except Exception as e:  # zstandard, gzip, bz2 and lzma raise their own error types for damaged streams
-        if type(e).__module__.split(".")[0] in ("zstandard", "gzip", "zlib", "_compression", "lzma", "bz2"):
-            raise InputError(f"{unit.file}: damaged compressed stream ({e})") from None
-        raise
+    # large reads of the source (zstd): each one takes the GIL back from the thread that commits, and at the
+    # default 128 KB a busy main thread made decompression 8x slower
+    with read_errors(unit.file), fsspec.open(unit.file, "rb") as raw, \
+            decompressed(raw, codec, unit.file, read_size=READ_SIZE) as f:
+        held: Unit | None = None
+        for number, data in enumerate(_cut(f, piece_bytes)):
+            if held is not None:
+                yield held
+                held = None
+            if number >= skip:
+                held = dataclasses.replace(unit, piece=number, data=data, size=len(data), read=raw.tell(), last=False)
+        if held is not None:
+            yield dataclasses.replace(held, last=True)
+        elif skip == 0:  # an empty stream: one empty piece, so the unit is still committed
+            yield dataclasses.replace(unit, piece=0, data=b"", size=0, read=raw.tell(), last=True)
 
 
 def _cut(f: IO[bytes], piece_bytes: int) -> Iterator[bytes]:

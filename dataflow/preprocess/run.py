@@ -28,13 +28,15 @@ from dataflow.preprocess.blocks import read_unit_blocks
 from dataflow.preprocess.commit import commit_unit
 from dataflow.preprocess.executors import run_units, start_local_pool
 from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress, save_seconds
+from dataflow.preprocess.layout import WORK_DIR, Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, input_bytes, plan_units
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.sources import expand_inputs, first_record_fields
 from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 
-WORK_DIR = "_work"
+ZSTD_LEVELS = range(-(1 << 17), 23)  # zstd's own range, ZSTD_minCLevel() to ZSTD_maxCLevel(); 0 means its default, 3
+MIN_UNIT_SIZE = 64 << 10  # --unit-size below this only multiplies units (a 1-byte unit per input byte)
 
 
 @dataclass
@@ -49,7 +51,7 @@ class TokenizeConfig:
     compression: str = "zstd"
     zstd_level: int | None = None
     shard_size: int | str = DEFAULT_SHARD_SIZE
-    workers: int = 0  # 0: one per CPU
+    workers: int | str = "auto"  # "auto" (or 0): one per CPU
     executor: str = "local"
     seed: int = 0
     val_fraction: float = 0.0
@@ -72,13 +74,34 @@ class TokenizeConfig:
         return json.loads(json.dumps(d))
 
     def check(self) -> None:
+        """Refuse settings that cannot work or contradict each other: one `ConfigError` line naming the flag."""
+        if not self.out:
+            raise ConfigError("-o/--out is empty; pass the folder or URL to write the dataset to")
+        worker_count(self.workers)
         if not 0 <= self.val_fraction < 1:
             raise ConfigError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
         if self.num_tasks < 1 or not 0 <= self.task_index < self.num_tasks:
             raise ConfigError(f"--task-index {self.task_index} must lie in [0, --num-tasks {self.num_tasks})")
         if self.max_errors < 0:
             raise ConfigError("--max-errors must be >= 0")
+        if self.zstd_level is not None and self.compression != "zstd":
+            raise ConfigError(f"--zstd-level {self.zstd_level} goes with --compression zstd, not --compression "
+                              f"{self.compression}; drop one of the two")
+        if self.zstd_level is not None and self.zstd_level not in ZSTD_LEVELS:
+            raise ConfigError(f"--zstd-level {self.zstd_level}: zstd levels run from 1 (fast) to 22 (small), and "
+                              f"down to {ZSTD_LEVELS.start} (faster still, larger); pass one of those")
+        if self.unit_bytes is not None and self.unit_bytes < MIN_UNIT_SIZE:
+            raise ConfigError(f"--unit-size: {self.unit_bytes:,} bytes is below the {MIN_UNIT_SIZE >> 10}KB minimum "
+                              f"(smaller units only add overhead); pass a larger size, or leave it out")
         parse_size(self.shard_size)
+
+
+def worker_count(workers: int | str) -> int:
+    """--workers as a number of processes: "auto" (or 0, its old spelling) is one per CPU."""
+    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ConfigError(f"--workers {workers}: pass a number of worker processes (1 or more), or auto for one "
+                          f"per CPU")
+    return workers if workers not in ("auto", 0) else os.cpu_count() or 1
 
 
 @dataclass
@@ -104,51 +127,6 @@ class Summary:
         return d
 
 
-class Layout:
-    """Where one task of a run writes: split folders, its part of them, its work and error files."""
-
-    def __init__(self, cfg: TokenizeConfig):
-        self.out = cfg.out
-        self.splits = ["train"] if cfg.val_fraction <= 0 else ["train", "val"]
-        self.tasked = cfg.num_tasks > 1
-        tag = f"{cfg.task_index:05d}"
-        self.work = os.path.join(cfg.out, WORK_DIR, f"task-{tag}")
-        self.errors = os.path.join(cfg.out, f"_errors-{tag}.jsonl" if self.tasked else "_errors.jsonl")
-        self.part = f"part-{tag}" if self.tasked else None
-
-    def split_dir(self, split: str) -> str:
-        return self.out if self.splits == ["train"] else os.path.join(self.out, split)
-
-    def writer_dir(self, split: str) -> str:
-        return os.path.join(self.split_dir(split), self.part) if self.part else self.split_dir(split)
-
-    def finished_manifest(self) -> str | None:
-        path = os.path.join(self.writer_dir("train"), MANIFEST_NAME)
-        return path if os.path.exists(path) else None
-
-    def remove_partial_writes(self, keep: set[str] = frozenset()) -> None:
-        """Temp files of atomic writes that a killed run left behind (they never became shards), but for those
-        in `keep` (open shards its journal continues from)."""
-        for split in self.splits:
-            folder = self.writer_dir(split)
-            if os.path.isdir(folder):
-                for name in os.listdir(folder):
-                    if name.startswith(".") and name.endswith(".tmp") and name not in keep:
-                        os.remove(os.path.join(folder, name))
-
-    def clear(self) -> None:
-        """Remove this task's earlier output (for --overwrite)."""
-        for path in [self.work, self.errors] + [self.writer_dir(s) for s in ("train", "val")]:
-            if os.path.isdir(path) and path != self.out:
-                shutil.rmtree(path)
-            elif os.path.isfile(path):
-                os.remove(path)
-        if not self.tasked and os.path.isdir(self.out):
-            for name in os.listdir(self.out):
-                if name.startswith("shard-") or name in (MANIFEST_NAME, "tokenizer.json", "tokenizer.tiktoken"):
-                    os.remove(os.path.join(self.out, name))
-
-
 def _refuse_if_different(cfg: TokenizeConfig, previous: dict[str, Any] | None, where: str) -> None:
     now = cfg.output_settings()
     if previous != now:
@@ -172,16 +150,20 @@ def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CH
     return texts
 
 
-def _check_text_field(units: list[Unit], text_field: str) -> None:
-    """Fail at once, not after --max-errors bad records, when the first record lacks the text field."""
+def _check_fields(units: list[Unit], text_field: str, id_field: str) -> None:
+    """Fail at once, not after --max-errors bad records, when the first record lacks the text field; or lacks an
+    --id-field that was chosen (not the default `id`), which would silently give derived ids instead."""
     if not units:
         return
     fields = first_record_fields(units[0].file, units[0].kind)
-    if fields is not None and text_field not in fields:
-        what = "columns" if units[0].kind == "parquet" else "fields"
-        raise ConfigError(f"--text-field {text_field}: the first record of {units[0].file} has no such field "
-                          f"(its {what}: {', '.join(fields) or 'none'}); pass --text-field with the one that holds "
-                          f"the text")
+    what = "columns" if units[0].kind == "parquet" else "fields"
+    checks = [("--text-field", text_field, "the text")]
+    if id_field != "id":  # the default may be absent: ids are then derived from file and line
+        checks.append(("--id-field", id_field, "the ids"))
+    for flag, name, holds in checks:
+        if fields is not None and name not in fields:
+            raise ConfigError(f"{flag} {name}: the first record of {units[0].file} has no such field (its {what}: "
+                              f"{', '.join(fields) or 'none'}); pass {flag} with the one that holds {holds}")
 
 
 def _display_names(files: list[str]) -> dict[str, str]:
@@ -198,7 +180,7 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     started = time.perf_counter()
     files = expand_inputs(cfg.inputs)
     layout = Layout(cfg)
-    workers = cfg.workers or os.cpu_count() or 1
+    workers = worker_count(cfg.workers)
     try:
         with _one_run_at_a_time(cfg, layout):
             if cfg.overwrite:
@@ -252,7 +234,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     unit_bytes = (journaled.unit_bytes if journaled and journaled.unit_bytes else cfg.unit_bytes
                   or (DEFAULT_UNIT_BYTES if cfg.num_tasks > 1 else auto_unit_bytes(input_bytes(files, sizes), workers)))
     all_units = plan_units(files, unit_bytes, sizes)
-    _check_text_field(all_units, cfg.text_field)
+    _check_fields(all_units, cfg.text_field, cfg.id_field)
     tok = load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(all_units, cfg))
     lo = cfg.task_index * len(all_units) // cfg.num_tasks
     hi = (cfg.task_index + 1) * len(all_units) // cfg.num_tasks
@@ -274,18 +256,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     layout.remove_partial_writes(keep={split["file"]["temp"] for split in (progress.splits if progress else {}).values()
                                        if split.get("file")})
 
-    provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if layout.tasked:
-        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "units": [lo, hi]}
-    writers: dict[str, SpilledWriter] = {}
-    for split in layout.splits:
-        os.makedirs(layout.writer_dir(split), exist_ok=True)
-        meta = tok.copy_into(layout.writer_dir(split))
-        w = ShardWriter(layout.writer_dir(split), tokenizer_meta=meta, format=cfg.format,
-                        compression=cfg.compression, shard_size=cfg.shard_size, zstd_level=cfg.zstd_level,
-                        provenance=provenance)
-        writers[split] = SpilledWriter(w, layout.work, split)
+    writers = _open_writers(cfg, layout, tok, files, (lo, hi))
     resumed_from = 0
     if progress is None:
         progress = Progress(settings=cfg.output_settings(), unit_bytes=unit_bytes)
@@ -330,6 +301,34 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
             w.writer.abort(remove=False)
         raise
     bar.close()
+    datasets = _close_writers(cfg, layout, writers)
+    notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
+             f"are done"] if layout.tasked else []
+    return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
+                   time.perf_counter() - started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
+                   resumed_from, len(units), notes)
+
+
+def _open_writers(cfg: TokenizeConfig, layout: Layout, tok: Tokenizer, files: list[str],
+                  task_units: tuple[int, int]) -> dict[str, SpilledWriter]:
+    """One journaled shard writer per split, each with its copy of the tokenizer and the run's provenance."""
+    provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if layout.tasked:
+        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "units": list(task_units)}
+    writers: dict[str, SpilledWriter] = {}
+    for split in layout.splits:
+        os.makedirs(layout.writer_dir(split), exist_ok=True)
+        meta = tok.copy_into(layout.writer_dir(split))
+        w = ShardWriter(layout.writer_dir(split), tokenizer_meta=meta, format=cfg.format,
+                        compression=cfg.compression, shard_size=cfg.shard_size, zstd_level=cfg.zstd_level,
+                        provenance=provenance)
+        writers[split] = SpilledWriter(w, layout.work, split)
+    return writers
+
+
+def _close_writers(cfg: TokenizeConfig, layout: Layout, writers: dict[str, SpilledWriter]) -> dict[str, dict]:
+    """Finish every split (last shard, manifest), then drop the work folder and the files only it needed."""
     datasets = {}
     for split, w in writers.items():
         m = w.writer.close()
@@ -340,11 +339,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
         w.release()
     if not os.listdir(os.path.join(cfg.out, WORK_DIR)):
         os.rmdir(os.path.join(cfg.out, WORK_DIR))
-    notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
-             f"are done"] if layout.tasked else []
-    return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
-                   time.perf_counter() - started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
-                   resumed_from, len(units), notes)
+    return datasets
 
 
 @contextlib.contextmanager

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Iterator
 
 import fsspec
-import fsspec.compression
-import zstandard
 
-from dataflow.errors import InputError
+from dataflow.errors import ConfigError, InputError
+from dataflow.preprocess.compressed import decompressed, read_errors
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,12 +26,14 @@ if TYPE_CHECKING:
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+INPUT_TYPES = ".jsonl/.json/.ndjson or .txt, optionally .gz/.zst/.bz2/.xz, or .parquet"
 
 
 @dataclass
 class Record:
-    """One input record. `index` counts records from the start of its work unit; `text` is None
-    when the record is bad, and `error` says why; `id` is None when the input carries none."""
+    """One input record. `index` counts records from the start of its work unit (in a text file: the line a
+    record starts at, from 0); `text` is None when the record is bad, and `error` says why; `id` is None when
+    the input carries none."""
 
     index: int
     id: str | None
@@ -56,8 +57,7 @@ def input_kind(url: str) -> str:
         return "parquet"
     if base.endswith(TEXT_SUFFIXES):
         return "text"
-    raise InputError(f"{url}: unsupported input type; expected .jsonl/.json (optionally .gz/.zst), "
-                     f".parquet or .txt (optionally .gz/.zst)")
+    raise ConfigError(f"{url}: unsupported input type; expected {INPUT_TYPES}")
 
 
 def expand_inputs(inputs: list[str]) -> list[str]:
@@ -89,9 +89,9 @@ def _expand_one(item: str) -> list[str]:
             elif fs.exists(p):
                 found.append(p)
             else:
-                raise InputError(f"{item}: no such file or directory")
+                raise ConfigError(f"{item}: no such file or directory; check the path")
     if not found:
-        raise InputError(f"{item}: matched no input files")
+        raise ConfigError(f"{item}: matched no input files; check the path or pattern (inputs: {INPUT_TYPES})")
     return [f if protocol in ("file", "local") else fs.unstrip_protocol(f) for f in found]
 
 
@@ -99,27 +99,24 @@ def _is_input(path: str) -> bool:
     try:
         input_kind(path)
         return not os.path.basename(path).startswith((".", "_"))
-    except InputError:
+    except ConfigError:
         return False
 
 
 @contextlib.contextmanager
 def open_decompressed(url: str, seek: bool = False) -> Iterator[IO[bytes]]:
-    """A buffered, line-iterable binary stream of the file's decompressed bytes.
+    """A buffered, line-iterable binary stream of the file's decompressed bytes. A compressed file that ends
+    early, or any error reading it, is an `InputError` naming it (also when raised by the caller's reads).
 
     HTTP files are streamed (block_size=0) unless the caller must seek, which needs range requests.
     """
     _, codec = split_compression(url)
     streaming = url.startswith(("http://", "https://")) and not seek
-    with fsspec.open(url, "rb", **({"block_size": 0} if streaming else {})) as raw:
-        if codec == "zstd":
-            reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-            with io.BufferedReader(reader, buffer_size=1 << 20) as f:
-                yield f
-        elif codec is None:
+    with read_errors(url), fsspec.open(url, "rb", **({"block_size": 0} if streaming else {})) as raw:
+        if codec is None:
             yield raw
         else:
-            with fsspec.compression.compr[codec](raw, mode="rb") as f:
+            with decompressed(raw, codec, url) as stream, io.BufferedReader(stream, buffer_size=1 << 20) as f:
                 yield f
 
 
@@ -208,10 +205,23 @@ def parquet_records(texts: list, ids: list, text_field: str) -> Iterator[Record]
 
 
 def read_text(url: str) -> Iterator[Record]:
-    """One document per text file: the file is the unit of the document, so it is read whole."""
+    """A text file as one document: the whole file, its id the file's name. A line that is not UTF-8 is left out
+    of the document and comes as a bad record of its own, placed at that line (`index`, from 0): one bad byte
+    costs its line, not the file. A file none of whose lines can be kept gives no document."""
     with open_decompressed(url) as f:
         raw = f.read()
     try:
         yield Record(0, None, raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        yield Record(0, None, None, f"undecodable bytes (not UTF-8 at byte {e.start})")
+        return
+    except UnicodeDecodeError:
+        pass
+    kept, bad = [], []
+    for number, line in enumerate(raw.split(b"\n")):  # a line end is ASCII: no UTF-8 character spans one
+        try:
+            kept.append(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            bad.append(Record(number, None, None, f"undecodable bytes (not UTF-8 at byte {e.start} of the line); "
+                                                  f"the line is left out of the file's document"))
+    if any(kept):
+        yield Record(0, None, "\n".join(kept))
+    yield from bad

@@ -1,9 +1,10 @@
 """The worker side of `dataflow tokenize`: one work unit -> a stream of tokenized record batches.
 
 A unit's output is an Arrow record-batch stream with one row per input record, in input order:
-`position` (record index in the unit), `id` (null when the input has none), `tokens` (null for a bad
-record) and `error` (why a record is bad). Workers write it to a local file that the main process
-reads back batch by batch, so neither side holds a whole unit in memory, however large the unit.
+`position` (record index in the unit; in a text file, the line the record starts at), `id` (null when the
+input has none), `tokens` (null for a bad record) and `error` (why a record is bad). Workers write it to a
+local file that the main process reads back batch by batch, so neither side holds a whole unit in memory,
+however large the unit.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def encode_block(block: Block, first: int, tok: Tokenizer, spec: UnitSpec, schem
     value_type = schema.field("tokens").type.value_type
     tokens = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type),
                                       mask=mask)
-    positions = pa.array(np.arange(first, first + n, dtype=np.int64))
+    positions = pa.array(np.arange(first, first + n, dtype=np.int64) if block.positions is None else block.positions)
     batch = pa.record_batch([positions, block.ids, tokens, block.errors], schema=schema)
     return batch, int(string_buffers(good)[0][-1])
 

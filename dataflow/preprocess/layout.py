@@ -1,0 +1,59 @@
+"""Where one task of a `dataflow tokenize` run writes: its split folders, its part of them, its work and error files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import TYPE_CHECKING
+
+from dataflow.formats.manifest import MANIFEST_NAME
+
+if TYPE_CHECKING:
+    from dataflow.preprocess.run import TokenizeConfig
+
+WORK_DIR = "_work"
+
+
+class Layout:
+    """Where one task of a run writes: split folders, its part of them, its work and error files."""
+
+    def __init__(self, cfg: TokenizeConfig):
+        self.out = cfg.out
+        self.splits = ["train"] if cfg.val_fraction <= 0 else ["train", "val"]
+        self.tasked = cfg.num_tasks > 1
+        tag = f"{cfg.task_index:05d}"
+        self.work = os.path.join(cfg.out, WORK_DIR, f"task-{tag}")
+        self.errors = os.path.join(cfg.out, f"_errors-{tag}.jsonl" if self.tasked else "_errors.jsonl")
+        self.part = f"part-{tag}" if self.tasked else None
+
+    def split_dir(self, split: str) -> str:
+        return self.out if self.splits == ["train"] else os.path.join(self.out, split)
+
+    def writer_dir(self, split: str) -> str:
+        return os.path.join(self.split_dir(split), self.part) if self.part else self.split_dir(split)
+
+    def finished_manifest(self) -> str | None:
+        path = os.path.join(self.writer_dir("train"), MANIFEST_NAME)
+        return path if os.path.exists(path) else None
+
+    def remove_partial_writes(self, keep: set[str] = frozenset()) -> None:
+        """Temp files of atomic writes that a killed run left behind (they never became shards), but for those
+        in `keep` (open shards its journal continues from)."""
+        for split in self.splits:
+            folder = self.writer_dir(split)
+            if os.path.isdir(folder):
+                for name in os.listdir(folder):
+                    if name.startswith(".") and name.endswith(".tmp") and name not in keep:
+                        os.remove(os.path.join(folder, name))
+
+    def clear(self) -> None:
+        """Remove this task's earlier output (for --overwrite)."""
+        for path in [self.work, self.errors] + [self.writer_dir(s) for s in ("train", "val")]:
+            if os.path.isdir(path) and path != self.out:
+                shutil.rmtree(path)
+            elif os.path.isfile(path):
+                os.remove(path)
+        if not self.tasked and os.path.isdir(self.out):
+            for name in os.listdir(self.out):
+                if name.startswith("shard-") or name in (MANIFEST_NAME, "tokenizer.json", "tokenizer.tiktoken"):
+                    os.remove(os.path.join(self.out, name))
