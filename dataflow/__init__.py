@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from dataflow.errors import (CacheFullError, ConfigError, CredentialsError, DataflowError, FormatError, InputError,
-                             MissingDependencyError, NotADatasetError, StorageError, TrainingAborted,
+                             InputNotFoundError, MissingDependencyError, NotADatasetError, StorageError, TrainingAborted,
                              UnreachableError, WorkerDied)
 from dataflow.formats.manifest import TokenizerMeta
 from dataflow.formats.writer import ShardWriter
@@ -24,8 +24,8 @@ _LAZY = {
     "StarvationMonitor": "dataflow.profiling.monitor",
 }
 
-__all__ = ["ShardWriter", "TokenizerMeta", "DataflowError", "InputError", "FormatError", "ConfigError",
-           "StorageError", "WorkerDied", "TrainingAborted", "NotADatasetError", "MissingDependencyError",
+__all__ = ["ShardWriter", "TokenizerMeta", "DataflowError", "InputError", "InputNotFoundError", "FormatError",
+           "ConfigError", "StorageError", "WorkerDied", "TrainingAborted", "NotADatasetError", "MissingDependencyError",
            "CredentialsError", "UnreachableError", "CacheFullError", *_LAZY]
 
 

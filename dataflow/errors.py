@@ -27,6 +27,11 @@ class ConfigError(DataflowError):
     """A setting that cannot work: an unknown key, a value out of range, a refused rerun."""
 
 
+class InputNotFoundError(ConfigError, InputError):
+    """An input that is not there or not readable as input (a missing file, a glob matching nothing, an unsupported
+    type): a usage mistake (exit 2), still an `InputError` for code that catches those."""
+
+
 class NotADatasetError(ConfigError, FormatError):
     """A path given where a dataset is expected is not one: a raw file, a folder without `index.json`."""
 

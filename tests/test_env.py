@@ -86,3 +86,16 @@ def test_tokenize_with_a_bad_variable_exits_2_in_one_line(tmp_path, name, value)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and name in lines[0] and "Traceback" not in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_input_is_a_usage_error_and_still_an_input_error(tmp_path):
+    from dataflow import ConfigError, InputError, InputNotFoundError
+    from dataflow.preprocess.sources import expand_inputs, input_kind
+
+    (tmp_path / "x.docx").write_text("not an input")
+    for check in (lambda: expand_inputs([str(tmp_path / "absent.jsonl")]),
+                  lambda: expand_inputs([str(tmp_path / "*.jsonl")]),
+                  lambda: input_kind(str(tmp_path / "x.docx"))):
+        with pytest.raises(InputNotFoundError) as e:
+            check()
+        assert isinstance(e.value, ConfigError) and isinstance(e.value, InputError)

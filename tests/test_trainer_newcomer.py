@@ -8,7 +8,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 

@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Iterator
 
 import fsspec
 
-from dataflow.errors import ConfigError, InputError
+from dataflow.errors import ConfigError, InputError, InputNotFoundError
 from dataflow.preprocess.compressed import decompressed, read_errors
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def input_kind(url: str) -> str:
         return "parquet"
     if base.endswith(TEXT_SUFFIXES):
         return "text"
-    raise ConfigError(f"{url}: unsupported input type; expected {INPUT_TYPES}")
+    raise InputNotFoundError(f"{url}: unsupported input type; expected {INPUT_TYPES}")
 
 
 def expand_inputs(inputs: list[str]) -> list[str]:
@@ -89,9 +89,9 @@ def _expand_one(item: str) -> list[str]:
             elif fs.exists(p):
                 found.append(p)
             else:
-                raise ConfigError(f"{item}: no such file or directory; check the path")
+                raise InputNotFoundError(f"{item}: no such file or directory; check the path")
     if not found:
-        raise ConfigError(f"{item}: matched no input files; check the path or pattern (inputs: {INPUT_TYPES})")
+        raise InputNotFoundError(f"{item}: matched no input files; check the path or pattern (inputs: {INPUT_TYPES})")
     return [f if protocol in ("file", "local") else fs.unstrip_protocol(f) for f in found]
 
 
