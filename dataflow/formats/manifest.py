@@ -271,9 +271,11 @@ def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
         return NotADatasetError(f"{folder}: no such file or folder; {make}")
     splits = [s for s in ("train", "val") if os.path.exists(os.path.join(folder, s, MANIFEST_NAME))]
     if splits:
-        return NotADatasetError(f"{folder} holds the splits {', '.join(splits)} (`dataflow tokenize "
-                                f"--val-fraction` writes one dataset each), not one dataset; pass one of them, e.g. "
-                                + " or ".join(os.path.join(folder, s) for s in splits))
+        paths = [os.path.join(folder, s) for s in splits]
+        what = f"the splits {', '.join(splits)}; pass one of them, e.g. {' or '.join(paths)}" if len(splits) > 1 \
+            else f"the split {splits[0]}, not a dataset; pass {paths[0]}"
+        return NotADatasetError(f"{folder} holds {what} (`dataflow tokenize --val-fraction` writes each split as a "
+                                "dataset of its own)")
     return NotADatasetError(f"{manifest_url(path)}: no manifest here; {make} (it holds {MANIFEST_NAME})")
 
 

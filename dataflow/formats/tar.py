@@ -10,11 +10,13 @@ definition of a valid shard), so they all accept and refuse the same shards.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import mmap
 import os
 import re
+import struct
 import tarfile
 from typing import IO, Iterator, Sequence
 
@@ -27,7 +29,6 @@ from dataflow.formats.manifest import ShardInfo
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
-_OCTAL = re.compile(rb" *([0-7]{1,12})[ \0]*")
 _NPY_HEADER = re.compile(rb"\{'descr': '([<>|=][a-z]\d{1,2})', 'fortran_order': False, 'shape': \((\d{1,19}),\), \}")
 EXTENSIONS = ("tokens.npy", "json")
 
@@ -119,18 +120,31 @@ def _documents(buf: memoryview, dtype: np.dtype) -> tuple[list[str], list[np.nda
 
 
 def _members(buf: memoryview) -> Iterator[tuple[str, str, str, memoryview]]:
-    """(name, key, extension, body) of each member, up to the end-of-archive block."""
+    """(name, key, extension, body) of each member, up to the end-of-archive block; the headers' checksums
+    are checked together at the end (one numpy pass instead of a Python sum per header)."""
     pos, end = 0, len(buf)
+    at: list[int] = []
+    stored: list[int] = []
     while True:
         if pos + BLOCK > end:
             raise _Damaged(f"no end-of-archive block: the stream stops at byte {end:,}"
                            + (f", {end - pos} bytes into a header" if pos < end else "") + " (truncated?)")
-        header = bytes(buf[pos:pos + BLOCK])
-        if header == _ZERO_BLOCK:
+        raw_name, size_field, chksum, flag, magic, prefix = _HEADER.unpack_from(buf, pos)
+        if raw_name[:1] == b"\0" and buf[pos:pos + BLOCK] == _ZERO_BLOCK:
             if np.frombuffer(buf, np.uint8, offset=pos).any():
                 raise _Damaged(f"data follows the end-of-archive block at byte {pos:,}")
+            _check_checksums(buf, at, stored)
             return
-        name, size = _header(header, pos)
+        if magic[:5] != b"ustar":
+            raise _Damaged(f"no ustar header at byte {pos:,}")
+        at.append(pos)
+        stored.append(_octal(chksum))
+        name = _name(raw_name, prefix, pos)
+        if flag not in (b"0", b"\0"):
+            raise _Damaged(f"member {name!r} is not a regular file (type {flag.decode('latin-1')!r})")
+        size = _octal(size_field)
+        if size < 0:
+            raise _Damaged(f"member {name!r} has a size field that is not an octal number")
         body = pos + BLOCK
         if size > end - body:
             raise _Damaged(f"member {name!r} at byte {pos:,} declares {size:,} bytes, {end - body:,} are left "
@@ -140,36 +154,43 @@ def _members(buf: memoryview) -> Iterator[tuple[str, str, str, memoryview]]:
         pos = body + -(-size // BLOCK) * BLOCK  # size >= 0: at least one block further
 
 
-def _header(header: bytes, pos: int) -> tuple[str, int]:
-    """(name, size) of a regular file's ustar header at byte `pos`."""
-    if header[257:262] != b"ustar":
-        raise _Damaged(f"no ustar header at byte {pos:,}")
-    stored = _octal(header[148:156])
-    unsigned = sum(header) - sum(header[148:156]) + 8 * 32
-    if stored != unsigned and stored != _signed_checksum(header):
-        raise _Damaged(f"the header at byte {pos:,} fails its checksum")
+# name, size, chksum, typeflag, magic and prefix of a ustar header (mode, owner, mtime, link... skipped)
+_HEADER = struct.Struct("100s24x12s12x8s1s100x6s82x155s")
+
+
+def _name(raw_name: bytes, prefix: bytes, pos: int) -> str:
     try:
-        name = header[:100].split(b"\0", 1)[0].decode()
-        prefix = header[345:500].split(b"\0", 1)[0].decode()
+        name = raw_name.split(b"\0", 1)[0].decode()
+        prefix_str = prefix.split(b"\0", 1)[0].decode()
     except UnicodeDecodeError:
         raise _Damaged(f"the member name at byte {pos:,} is not UTF-8") from None
-    name = f"{prefix}/{name}" if prefix else name
-    if header[156:157] not in (b"0", b"\0"):
-        raise _Damaged(f"member {name!r} is not a regular file (type {header[156:157].decode('latin-1')!r})")
-    size = _octal(header[124:136])
-    if size is None:
-        raise _Damaged(f"member {name!r} has a size field that is not an octal number")
-    return name, size
+    if not name:
+        raise _Damaged(f"the member at byte {pos:,} has no name")
+    return f"{prefix_str}/{name}" if prefix_str else name
 
 
-def _signed_checksum(header: bytes) -> int:
-    """The checksum as some old tars computed it: bytes summed as signed chars."""
-    return sum(b - 256 if b >= 128 else b for b in header[:148] + header[156:]) + 8 * 32
+def _octal(field: bytes) -> int:
+    """A numeric header field: octal digits, maybe space-led, ended by NUL or space; -1 for anything else
+    (a sign, `_`, a base-256 number, garbage)."""
+    digits = field.lstrip(b" ").rstrip(b" \0")
+    if not digits or len(digits) > 12 or digits.translate(None, b"01234567"):
+        return -1
+    return int(digits, 8)
 
 
-def _octal(field: bytes) -> int | None:
-    m = _OCTAL.fullmatch(field)
-    return int(m.group(1), 8) if m else None
+def _check_checksums(buf: memoryview, at: list[int], stored: list[int]) -> None:
+    """Every header's checksum: the sum of its bytes with the checksum field as spaces (unsigned, or signed
+    as some old tars summed them)."""
+    blocks, cols = np.frombuffer(buf, np.uint8), np.arange(BLOCK)
+    for i in range(0, len(at), 1024):
+        want = np.array(stored[i:i + 1024], dtype=np.int64)
+        rows = blocks[np.array(at[i:i + 1024], dtype=np.int64)[:, None] + cols]
+        rows[:, 148:156] = 32
+        bad = rows.sum(axis=1, dtype=np.int64) != want
+        if bad.any():
+            bad &= rows.view(np.int8).sum(axis=1, dtype=np.int64) != want
+        if bad.any():
+            raise _Damaged(f"the header at byte {at[i + int(np.argmax(bad))]:,} fails its checksum")
 
 
 def _split_name(name: str) -> tuple[str, str]:
@@ -183,17 +204,16 @@ def _split_name(name: str) -> tuple[str, str]:
 
 def _npy_view(member: str, body: memoryview, dtype: np.dtype) -> np.ndarray:
     """The 1-D token array of an .npy payload (format versions 1-3), as a view of `body`."""
-    major = body[6] if len(body) >= 10 and bytes(body[:6]) == b"\x93NUMPY" else 0
+    major = body[6] if len(body) >= 10 and body[:6] == b"\x93NUMPY" else 0
     if major not in (1, 2, 3) or (major > 1 and len(body) < 12):
         raise _Damaged(f"member {member!r} is not an .npy payload")
-    start = 10 + int.from_bytes(body[8:10], "little") if major == 1 else 12 + int.from_bytes(body[8:12], "little")
-    m = _NPY_HEADER.match(bytes(body[10 if major == 1 else 12:start])) if start <= len(body) else None
-    if m is None:
+    first = 10 if major == 1 else 12
+    start = first + int.from_bytes(body[8:first], "little")
+    m = _NPY_HEADER.match(body, first, start) if start <= len(body) else None
+    tail = body[m.end():start].tobytes() if m is not None else b""
+    if m is None or not tail.endswith(b"\n") or tail[:-1].strip(b" "):
         raise _Damaged(f"member {member!r} is not a 1-D C-ordered token array")
-    try:
-        found = np.dtype(m.group(1).decode())
-    except TypeError:
-        raise _Damaged(f"member {member!r} holds tokens of no known type ({m.group(1).decode()!r})") from None
+    found = _dtype(m.group(1))
     if found != dtype:
         raise _Damaged(f"member {member!r} holds {found} tokens, the manifest says {dtype}")
     count = int(m.group(2))
@@ -203,7 +223,21 @@ def _npy_view(member: str, body: memoryview, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(body, dtype=dtype, count=count, offset=start)
 
 
+@functools.lru_cache(maxsize=64)
+def _dtype(descr: bytes) -> np.dtype:
+    try:
+        return np.dtype(descr.decode())
+    except TypeError:
+        raise _Damaged(f"tokens of no known type ({descr.decode()!r})") from None
+
+
+_PLAIN_ID = re.compile(rb'\{"id": "([^"\\\x00-\x1f]*)"\}')  # what json.dumps writes for an id needing no escape
+
+
 def _doc_id(member: str, body: memoryview) -> str:
+    m = _PLAIN_ID.fullmatch(body)
+    if m is not None and m.group(1).isascii():
+        return m.group(1).decode()
     try:
         obj = json.loads(bytes(body))
     except (ValueError, RecursionError) as e:
@@ -227,6 +261,11 @@ def _shard_name(path: str, info: ShardInfo) -> str:
     return path if own else f"{info.path} ({path})"
 
 
+def _too_big(name: str, limit: int, info: ShardInfo, what: str = "decompresses beyond") -> FormatError:
+    return FormatError(f"{name}: {what} the {limit:,} bytes its manifest entry allows ({info.documents} "
+                       f"documents, {info.tokens} tokens); the shard is damaged or hostile")
+
+
 def _decompressed(f: IO[bytes], name: str, info: ShardInfo, itemsize: int) -> Iterator[bytes]:
     """The tar stream of the `.tar.zst` open in `f`, in chunks, refused once it grows past what the manifest
     entry allows. A zstd frame cut short ends the stream early: the tar parser then finds it truncated."""
@@ -237,9 +276,7 @@ def _decompressed(f: IO[bytes], name: str, info: ShardInfo, itemsize: int) -> It
         while chunk := reader.read(min(limit + 1 - size, 1 << 22)):
             size += len(chunk)
             if size > limit:
-                raise FormatError(f"{name}: decompresses beyond the {limit:,} bytes its manifest entry allows "
-                                  f"({info.documents} documents, {info.tokens} tokens); the shard is damaged or "
-                                  "hostile")
+                raise _too_big(name, limit, info)
             yield chunk
     except zstandard.ZstdError as e:
         raise FormatError(f"{name}: not a readable zstd stream ({e}); run `dataflow verify`") from None
@@ -247,28 +284,28 @@ def _decompressed(f: IO[bytes], name: str, info: ShardInfo, itemsize: int) -> It
 
 def read_tar_stream(path: str, info: ShardInfo, itemsize: int,
                     name: str | None = None) -> bytes | bytearray | memoryview:
-    """The whole tar stream of a shard, for `parse_tar_shard`: a local plain `.tar` memory-mapped (every
-    process reading it shares its pages), a `.tar.zst` decompressed no further than the manifest's counts
-    allow, a remote `.tar` read when its size is within them. `name` is the shard in errors."""
+    """The whole tar stream of a shard, for `parse_tar_shard`, never more than the manifest's counts allow:
+    a local plain `.tar` memory-mapped (every process reading it shares its pages), a `.tar.zst`
+    decompressed into memory, a remote `.tar` read. `name` is the shard in errors (default: `path`)."""
     name = name or _shard_name(path, info)
+    limit = tar_size_bound(info, itemsize)
     if path.endswith(".zst"):
         with fsspec.open(path, "rb") as f:
             out = bytearray()
             for chunk in _decompressed(f, name, info, itemsize):
                 out += chunk
             return out
-    if "://" not in path:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return b""
-            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-    limit = tar_size_bound(info, itemsize)
-    with fsspec.open(path, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise FormatError(f"{name}: larger than the {limit:,} bytes its manifest entry allows; the shard is "
-                          "damaged or hostile")
-    return data
+    if "://" in path:
+        with fsspec.open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise _too_big(name, limit, info, "is larger than")
+        return data
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise _too_big(name, limit, info, "is larger than")
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) if size else b""
 
 
 def decode_tar_stream(src: str, dst: str, info: ShardInfo, itemsize: int, name: str | None = None) -> int:
