@@ -4,6 +4,7 @@
 import hashlib
 import json
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -26,11 +27,11 @@ def write(out, fmt: str, compression: str, docs: int = 21, shard_size: str = "1G
 
 def edit(path: str, change) -> None:
     index = os.path.join(path, "index.json")
-    d = json.load(open(index))
+    d = json.loads(pathlib.Path(index).read_text())
     change(d)
     for key in ("documents", "tokens", "bytes"):  # totals kept consistent: only the shard entry lies
         d["totals"][key] = sum(s[key] for s in d["shards"])
-    json.dump(d, open(index, "w"))
+    pathlib.Path(index).write_text(json.dumps(d))
 
 
 def cli(capsys, *argv) -> tuple[int, str]:
@@ -78,14 +79,14 @@ def rewrite_layout(path: str, layout: str) -> None:
     place, and make the manifest agree with the file's new bytes."""
     shard = read_manifest(path).shards[0]
     name = os.path.join(path, shard.path)
-    data = open(name, "rb").read()
+    data = pathlib.Path(name).read_bytes()
     old = json.dumps([[shard.documents, shard.tokens]], separators=(",", ":")).encode()
     assert data.count(old) == 2
     at = data.find(old)
     width = len(old) + len(data[at + len(old):]) - len(data[at + len(old):].lstrip(b" "))  # the padded field
     assert len(layout) <= width
     data = data.replace(data[at:at + width], layout.encode().ljust(width))
-    open(name, "wb").write(data)
+    pathlib.Path(name).write_bytes(data)
     edit(path, lambda d: d["shards"][0].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
 
 
@@ -115,9 +116,9 @@ def test_an_arrow_layout_that_disagrees_with_its_record_batches_is_refused(tmp_p
 def test_manifest_counts_out_of_range_are_refused_when_it_is_read(tmp_path, capsys, field, value):
     path = write(tmp_path / "d", "arrow", "zstd")
     index = os.path.join(path, "index.json")
-    d = json.load(open(index))
+    d = json.loads(pathlib.Path(index).read_text())
     d["shards"][0][field] = value
-    json.dump(d, open(index, "w"))
+    pathlib.Path(index).write_text(json.dumps(d))
     with pytest.raises(FormatError, match=r"counts that are not integers in \[0, 2\^53\]"):
         read_manifest(path)
     with pytest.raises(FormatError, match=r"counts that are not integers in \[0, 2\^53\]"):
@@ -139,9 +140,9 @@ def test_shard_counts_whose_sum_overflows_are_refused(tmp_path):
 def test_verify_reports_totals_that_are_not_the_sums_of_the_shards(tmp_path, capsys, totals):
     path = write(tmp_path / "d", "tar", "none")
     index = os.path.join(path, "index.json")
-    d = json.load(open(index))
+    d = json.loads(pathlib.Path(index).read_text())
     d["totals"].update(totals)
-    json.dump(d, open(index, "w"))
+    pathlib.Path(index).write_text(json.dumps(d))
     code, err = cli(capsys, "verify", path, "--no-progress")
     assert code == 1 and "BAD index.json: its totals" in err and "are not the sums of its shard entries" in err
     assert len(list(StreamingDataset(path))) == 21  # readers never use the totals: they still load

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import pathlib
 import tarfile
 
 import numpy as np
@@ -43,7 +44,7 @@ def shard_file(path: str) -> str:
 
 
 def tar_stream(path: str) -> bytes:
-    data = open(shard_file(path), "rb").read()
+    data = pathlib.Path(shard_file(path)).read_bytes()
     return zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30) if data[:4] == b"\x28\xb5\x2f\xfd" \
         else data
 
@@ -57,10 +58,10 @@ def put(path: str, raw: bytes, compress: bool | None = None) -> None:
     with open(name, "wb") as f:
         f.write(data)
     index = os.path.join(path, "index.json")
-    d = json.load(open(index))
+    d = json.loads(pathlib.Path(index).read_text())
     d["shards"][0].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     d["totals"]["bytes"] = len(data)
-    json.dump(d, open(index, "w"))
+    pathlib.Path(index).write_text(json.dumps(d))
 
 
 def headers(raw: bytes) -> list[int]:
@@ -261,7 +262,7 @@ def test_fuzzed_shards_give_the_same_documents_everywhere_or_one_format_error(tm
 
 def test_flipped_bytes_in_the_compressed_stream(tmp_path, docs, capsys):
     path = make(tmp_path / "d", docs, "zstd")
-    data = open(shard_file(path), "rb").read()
+    data = pathlib.Path(shard_file(path)).read_bytes()
     rng = np.random.default_rng(5)
     for _ in range(40):
         pos = int(rng.integers(0, len(data)))
@@ -338,3 +339,22 @@ def test_a_plain_tar_larger_than_its_manifest_allows_is_refused_unread(tmp_path,
     assert out["verify"] == "bad"
     assert_agree(out, "a 3 MB member")
     assert "is larger than the" in str(out["loader"]) and "its manifest entry allows" in str(out["loader"])
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_tar_streams_of_other_writers_are_read_when_their_members_are_plain(tmp_path, docs, capsys, fmt):
+    """tarfile's GNU and PAX writers produce plain ustar headers for short names and integer fields: such a
+    stream, with other modes, owners and mtimes than dataflow writes, is a valid shard."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for j, (doc_id, tokens) in enumerate(docs):
+            for ext, data in (("tokens.npy", npy(tokens)), ("json", json.dumps({"id": doc_id}).encode())):
+                info = tarfile.TarInfo(f"sample{j:04d}.{ext}")
+                info.size, info.mtime, info.mode, info.uname = len(data), 1_700_000_000 + j, 0o600, "someone"
+                tar.addfile(info, io.BytesIO(data))
+    for compression in ("none", "zstd"):
+        path = make(tmp_path / compression, docs, compression)
+        put(path, buf.getvalue())
+        out = outcomes(path, capsys)
+        assert out["verify"] == "ok"
+        assert out["decode"] == out["loader"] == [(i, t.tolist()) for i, t in docs]
