@@ -31,6 +31,8 @@ BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 _NPY_HEADER = re.compile(rb"\{'descr': '([<>|=][a-z]\d{1,2})', 'fortran_order': False, 'shape': \((\d{1,19}),\), \}")
 EXTENSIONS = ("tokens.npy", "json")
+# name, size, chksum, typeflag, magic and prefix of a ustar header (mode, owner, mtime, link... skipped)
+_HEADER = struct.Struct("100s24x12s12x8s1s100x6s82x155s")
 
 
 def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -152,10 +154,6 @@ def _members(buf: memoryview) -> Iterator[tuple[str, str, str, memoryview]]:
         key, ext = _split_name(name)
         yield name, key, ext, buf[body:body + size]
         pos = body + -(-size // BLOCK) * BLOCK  # size >= 0: at least one block further
-
-
-# name, size, chksum, typeflag, magic and prefix of a ustar header (mode, owner, mtime, link... skipped)
-_HEADER = struct.Struct("100s24x12s12x8s1s100x6s82x155s")
 
 
 def _name(raw_name: bytes, prefix: bytes, pos: int) -> str:
