@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.errors import FormatError
+from dataflow.formats.manifest import MAX_COUNT
 
 RECORD_BATCH_TOKENS = 1 << 21  # 2M tokens: 4 MB of uint16 per decompression
 LAYOUT_KEY = b"dataflow.batches"  # JSON [[documents, tokens], ...] per record batch
@@ -187,16 +188,18 @@ class ArrowShard:
     zstd shards decompress one record batch per `batch()` call.
     """
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, name: str | None = None):
+        self.path, self.name = path, name or path  # the file read; the shard as errors name it
         try:
             self._reader = pa.ipc.open_file(pa.memory_map(path, "r"),
                                             options=pa.ipc.IpcReadOptions(use_threads=False))
-        except (pa.ArrowInvalid, OSError) as e:
-            raise FormatError(f"{path}: not a readable Arrow IPC file ({e})") from None
-        names = self._reader.schema.names
-        if names[:1] != ["tokens"]:
-            raise FormatError(f"{path}: expected a `tokens` column first, found {names}")
+        except (pa.ArrowException, OSError) as e:
+            raise FormatError(f"{self.name}: not a readable Arrow IPC file ({_one_line(e)})") from None
+        schema = self._reader.schema
+        if schema.names[:2] != ["tokens", "id"] or not pa.types.is_list(schema.field(0).type) or not (
+                pa.types.is_string(schema.field(1).type) or pa.types.is_large_string(schema.field(1).type)):
+            raise FormatError(f"{self.name}: expected columns tokens: list<uint16|uint32> and id: string, found "
+                              f"{_one_line(schema)}")
         layout = self._layout()
         self.batch_docs = np.array([d for d, _ in layout], dtype=np.int64)
         self.batch_tokens = np.array([t for _, t in layout], dtype=np.int64)
@@ -209,19 +212,19 @@ class ArrowShard:
         if LAYOUT_KEY in meta:
             try:
                 layout = json.loads(meta[LAYOUT_KEY])
-            except ValueError:
+            except (ValueError, RecursionError):
                 layout = None
             ok = isinstance(layout, list) and len(layout) == self._reader.num_record_batches and all(
-                isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and x >= 0 for x in p) for p in layout)
+                isinstance(p, list) and len(p) == 2 and all(_count(x) for x in p) for p in layout)
             if not ok:
-                raise FormatError(f"{self.path}: its record batch layout ({LAYOUT_KEY.decode()} in the schema "
+                raise FormatError(f"{self.name}: its record batch layout ({LAYOUT_KEY.decode()} in the schema "
                                   f"metadata) is damaged; run `dataflow verify`, then re-create the shard")
             return layout
         # Written by another tool: learn the layout the slow way, once.
         out = []
         for i in range(self._reader.num_record_batches):
-            col = self._reader.get_batch(i).column(0)
-            out.append([len(col), int(col.offsets[-1].as_py() - col.offsets[0].as_py())])
+            _, offsets, _ = self._read(i)
+            out.append([len(offsets) - 1, int(offsets[-1])])
         return out
 
     def metadata(self, key: bytes) -> str | None:
@@ -241,18 +244,29 @@ class ArrowShard:
         return int(self.doc_starts[-1])
 
     def batch(self, i: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
-        """Record batch `i` as (flat tokens, document offsets into them, ids)."""
+        """Record batch `i` as (flat tokens, document offsets into them, ids), checked against the layout."""
+        values, offsets, ids = self._read(i)
+        if (len(offsets) - 1, len(values)) != (self.batch_docs[i], self.batch_tokens[i]):
+            raise FormatError(f"{self.name}: record batch {i} holds {len(offsets) - 1} documents / {len(values)} "
+                              f"tokens, its layout says {self.batch_docs[i]} / {self.batch_tokens[i]}; the shard "
+                              "is damaged (run `dataflow verify`, then re-create it)")
+        return values, offsets, ids
+
+    def _read(self, i: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
         try:
             rb = self._reader.get_batch(i)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise FormatError(f"{self.path}: record batch {i} is unreadable ({e})") from None
-        col = rb.column(0)
-        offsets = col.offsets.to_numpy()
-        values = col.values.to_numpy(zero_copy_only=True)
+            rb.validate()
+            col, ids = rb.column(0), rb.column(1)
+            if col.null_count or ids.null_count or col.values.null_count:
+                raise FormatError(f"{self.name}: record batch {i} holds null documents, ids or tokens")
+            offsets = col.offsets.to_numpy()
+            values = col.values.to_numpy(zero_copy_only=True)
+        except (pa.ArrowException, OSError) as e:
+            raise FormatError(f"{self.name}: record batch {i} is unreadable ({_one_line(e)})") from None
         if offsets[0] != 0:  # a sliced array: rebase
             values = values[offsets[0]:offsets[-1]]
             offsets = offsets - offsets[0]
-        return values, offsets, rb.column(1)
+        return values, offsets, ids
 
     def documents(self) -> Iterator[tuple[str, np.ndarray]]:
         """Every (id, tokens) in stored order."""
@@ -262,10 +276,20 @@ class ArrowShard:
                 yield doc_id, values[offsets[j]:offsets[j + 1]]
 
 
-def decode_arrow_shard(src: str, dst: str, source_sha256: str) -> int:
+def _count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_COUNT
+
+
+def _one_line(e: object) -> str:
+    """An Arrow message or schema on one line (Arrow's own span several)."""
+    return " ".join(str(e).split())
+
+
+def decode_arrow_shard(src: str, dst: str, source_sha256: str, name: str | None = None) -> int:
     """Write an uncompressed copy of the Arrow shard `src` to `dst`: the same schema, record batches and
     layout, plus the source's sha256 in the schema metadata (so a reader can tell whose copy it is).
-    Readers memory-map the copy, so every process of a machine shares its pages. Returns its size."""
+    Readers memory-map the copy, so every process of a machine shares its pages. Returns its size; `name`
+    is the shard in errors (default `src`)."""
     try:
         # the system allocator gives each decompressed batch back to the OS at once, where Arrow's default
         # pool would keep it: a loader worker that decodes ahead must not grow by what it decoded
@@ -276,8 +300,9 @@ def decode_arrow_shard(src: str, dst: str, source_sha256: str) -> int:
             with pa.ipc.new_file(sink, schema) as writer:
                 for i in range(reader.num_record_batches):
                     writer.write_batch(reader.get_batch(i))
-    except (pa.ArrowInvalid, OSError) as e:
-        raise FormatError(f"{src}: cannot decode this Arrow shard ({e}); run `dataflow verify`") from None
+    except (pa.ArrowException, OSError) as e:
+        raise FormatError(f"{name or src}: cannot decode this Arrow shard ({_one_line(e)}); run `dataflow verify`") \
+            from None
     finally:
         pa.system_memory_pool().release_unused()  # glibc keeps freed blocks in its arenas otherwise
     return os.path.getsize(dst)

@@ -24,6 +24,9 @@ MANIFEST_NAME = "index.json"
 FORMATS = ("arrow", "tar")
 COMPRESSIONS = ("zstd", "none")
 TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
+# The most documents, tokens or bytes a shard or a whole dataset may claim: far beyond any corpus, and small
+# enough that no sum, offset or size computed from them overflows int64 (or loses precision in a float64).
+MAX_COUNT = 2**53
 
 
 @dataclass
@@ -50,6 +53,15 @@ class ShardInfo:
     bytes: int  # size of the file on disk
     sha256: str
 
+    def check_holds(self, name: str, documents: int, tokens: int) -> None:
+        """Refuse a shard that does not hold what this entry says (`name`: the shard as the user knows it).
+        Readers check this once, when they open a shard: a reader that trusted the manifest would serve
+        part of a shard, or fail later reaching past its end."""
+        if (documents, tokens) != (self.documents, self.tokens):
+            raise FormatError(f"{name}: holds {documents} documents / {tokens} tokens, the manifest says "
+                              f"{self.documents} / {self.tokens}; the shard or its manifest entry was changed "
+                              "(run `dataflow verify`, then re-create or re-download it)")
+
 
 @dataclass
 class Manifest:
@@ -60,6 +72,21 @@ class Manifest:
     shards: list[ShardInfo] = field(default_factory=list)
     provenance: dict[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    declared_totals: Any = field(default=None, compare=False, repr=False)  # `totals` as read, see totals_problem
+
+    def totals_problem(self) -> str | None:
+        """What is wrong with the `totals` the manifest was read with, or None: its documents, tokens and
+        shards must be the sums of the shard entries (`bytes` is each file's size, which `verify` checks
+        shard by shard). Readers recompute totals and never rely on them, so only `verify` refuses a
+        mismatch: a shard list put together by hand, its totals left stale, still loads."""
+        t = self.declared_totals
+        if t is None:
+            return None
+        sums = {"documents": self.documents, "tokens": self.tokens, "shards": len(self.shards)}
+        if isinstance(t, dict) and all(type(t.get(k)) is int and t[k] == v for k, v in sums.items()):
+            return None
+        return (f"its totals {t!r} are not the sums of its shard entries {sums}; the manifest was edited or is "
+                "damaged (restore its index.json, or re-create the dataset)")
 
     @property
     def documents(self) -> int:
@@ -104,9 +131,10 @@ class Manifest:
             )
         except FormatError:
             raise
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise FormatError(f"{where}: not a valid dataflow manifest ({type(e).__name__}: {e})") from None
         m.validate(where)
+        m.declared_totals = d.get("totals")
         return m
 
     def validate(self, where: str = "manifest") -> None:
@@ -134,10 +162,14 @@ class Manifest:
             check_relative_path(t.file, where, "tokenizer file")
         for s in self.shards:
             check_relative_path(s.path, where)
-            if not (_count(s.tokens) and _count(s.documents) and _count(s.bytes)):
-                raise FormatError(f"{where}: shard {s.path} has counts that are not integers >= 0")
+            if not all(_count(n) and n <= MAX_COUNT for n in (s.documents, s.tokens, s.bytes)):
+                raise FormatError(f"{where}: shard {s.path} has counts that are not integers in [0, 2^53] "
+                                  f"(documents {s.documents!r}, tokens {s.tokens!r}, bytes {s.bytes!r})")
             if not _is_sha256(s.sha256):
                 raise FormatError(f"{where}: shard {s.path} has sha256 {s.sha256!r}, not a sha256 hex digest")
+        for what in ("documents", "tokens", "bytes"):
+            if getattr(self, what) > MAX_COUNT:
+                raise FormatError(f"{where}: its shards hold {getattr(self, what):,} {what} in all, more than 2^53")
 
 
 def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
@@ -239,8 +271,11 @@ def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
         return NotADatasetError(f"{folder}: no such file or folder; {make}")
     splits = [s for s in ("train", "val") if os.path.exists(os.path.join(folder, s, MANIFEST_NAME))]
     if splits:
-        return FormatError(f"{folder} holds the splits {', '.join(splits)}; pass one of them, "
-                           f"e.g. {os.path.join(folder, splits[0])}")
+        paths = [os.path.join(folder, s) for s in splits]
+        what = f"the splits {', '.join(splits)}; pass one of them, e.g. {' or '.join(paths)}" if len(splits) > 1 \
+            else f"the split {splits[0]}, not a dataset; pass {paths[0]}"
+        return NotADatasetError(f"{folder} holds {what} (`dataflow tokenize --val-fraction` writes each split as a "
+                                "dataset of its own)")
     return NotADatasetError(f"{manifest_url(path)}: no manifest here; {make} (it holds {MANIFEST_NAME})")
 
 

@@ -2,13 +2,12 @@
 
 Arrow shards are opened from the footer alone; a record batch is decompressed (zstd) or mapped
 (uncompressed) on first use and kept until the loader moves past its shuffle block. Tar shards have
-no random access, so a tar shard is streamed once into one in-memory batch.
+no random access, so a tar shard is parsed once, whole (memory-mapped when plain, decompressed when
+`.tar.zst`), and each of its documents is a batch.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,8 +15,8 @@ import numpy as np
 from dataflow.errors import FormatError
 from dataflow.formats.arrow import SOURCE_KEY, ArrowShard
 from dataflow.formats.manifest import ShardInfo
-from dataflow.formats.tar import parse_tar_documents, read_tar_stream
-
+from dataflow.formats.reader import check_tokens
+from dataflow.formats.tar import parse_tar_shard, read_tar_stream
 
 
 @dataclass
@@ -30,10 +29,13 @@ class Batch:
 class OpenShard:
     """One shard's layout (from its footer) and the record batches loaded so far.
 
-    Every record batch is checked as it is loaded: its token type must be the manifest's, and every id
-    below the vocabulary, so a damaged shard stops the loader with the file's name instead of feeding
-    the model ids it cannot embed. A compressed tar shard is decompressed no further than its
-    manifest entry allows.
+    A shard is checked once, when it is opened, against its manifest entry (documents and tokens: a
+    reader that trusted the manifest would serve part of a shard, or reach past its end); a tar shard is
+    parsed whole by `parse_tar_shard`, the definition of a valid tar shard that `verify` and `decode` use
+    too. Every record batch is checked as it is loaded: its token type must be the manifest's, and every
+    id below the vocabulary, so a damaged shard stops the loader with the shard's name (`name`, never the
+    cache's decoded copy) instead of feeding the model ids it cannot embed. A compressed tar shard is
+    decompressed no further than its manifest entry allows.
     """
 
     def __init__(self, path: str, fmt: str, info: ShardInfo, vocab_size: int, dtype: str,
@@ -42,16 +44,17 @@ class OpenShard:
         self.vocab_size, self.dtype = vocab_size, np.dtype(dtype)
         self.batches: dict[int, Batch] = {}
         if fmt == "arrow":
-            self._arrow: ArrowShard | None = ArrowShard(path)
+            self._arrow: ArrowShard | None = ArrowShard(path, self.name)
             if decoded_from is not None and self._arrow.metadata(SOURCE_KEY) != decoded_from:
-                raise FormatError(f"{path}: this decoded copy is not of the shard the manifest names (sha256 "
-                                  f"{decoded_from[:12]}...); delete it and it is decoded again")
+                raise FormatError(f"{path}: this decoded copy is not of the shard the manifest names ({self.name}, "
+                                  f"sha256 {decoded_from[:12]}...); delete it and it is decoded again")
+            info.check_holds(self.name, self._arrow.num_documents, self._arrow.num_tokens)
             self.token_starts = self._arrow.token_starts
             self.doc_starts = self._arrow.doc_starts
         else:  # each document is a batch: views into the (memory-mapped, when plain) tar stream
             self._arrow = None
-            ids, self._docs = parse_tar_documents(_tar_bytes(path, info, self.dtype.itemsize), path)
-            self._ids = ids
+            data = read_tar_stream(path, info, self.dtype.itemsize, self.name)
+            self._ids, self._docs = parse_tar_shard(data, self.name, info, self.dtype)
             lengths = np.array([len(d) for d in self._docs], dtype=np.int64)
             self.token_starts = np.concatenate([[0], np.cumsum(lengths)])
             self.doc_starts = np.arange(len(self._docs) + 1, dtype=np.int64)
@@ -60,22 +63,13 @@ class OpenShard:
         b = self.batches.get(i)
         if b is None:
             if self._arrow is not None:
-                b = self._checked(Batch(*self._arrow.batch(i)), f"record batch {i}")
+                b, where = Batch(*self._arrow.batch(i)), f"record batch {i}"
             else:
                 doc = self._docs[i]
-                b = self._checked(Batch(doc, np.array([0, len(doc)], dtype=np.int64), self._ids[i:i + 1]),
-                                  f"document {self._ids[i]!r}")
+                b, where = Batch(doc, np.array([0, len(doc)], dtype=np.int64), self._ids[i:i + 1]), \
+                    f"document {self._ids[i]!r}"
+            check_tokens(self.name, where, b.tokens, self.dtype, self.vocab_size)
             self.batches[i] = b
-        return b
-
-    def _checked(self, b: Batch, where: str) -> Batch:
-        if b.tokens.dtype != self.dtype:
-            raise FormatError(f"{self.name}: {where} holds {b.tokens.dtype} tokens, the manifest says {self.dtype}; "
-                              f"the shard is not what its manifest describes (run `dataflow verify`)")
-        if len(b.tokens) and int(b.tokens.max()) >= self.vocab_size:
-            raise FormatError(f"{self.name}: {where} holds token id {int(b.tokens.max())}, outside the vocabulary "
-                              f"of {self.vocab_size}; the shard is damaged (run `dataflow verify`, then re-create "
-                              f"or re-download it)")
         return b
 
     def window(self, start: int, length: int) -> np.ndarray:
@@ -111,13 +105,3 @@ class OpenShard:
         return str(doc_id.as_py() if hasattr(doc_id, "as_py") else doc_id), \
             b.tokens[b.doc_offsets[j]:b.doc_offsets[j + 1]]
 
-
-def _tar_bytes(path: str, info: ShardInfo, itemsize: int) -> bytes | memoryview:
-    """A plain tar, memory-mapped (every process reading it shares its pages); a `.tar.zst` decompressed
-    here, no further than its manifest counts allow (`decode_once=False`)."""
-    if path.endswith(".zst"):
-        return read_tar_stream(path, info, itemsize)
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return b""
-        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
