@@ -100,7 +100,7 @@ def test_validation_split_is_deterministic_and_complete(tmp_path, kjv):
     assert train + val == 1189 and 60 < val < 180
     assert run("verify", out / "val").returncode == 0
     p = run("decode", out, check=False)
-    assert p.returncode == 1 and "train" in p.stderr
+    assert p.returncode == 2 and "train" in p.stderr and "val" in p.stderr  # a usage mistake: pass one split
 
 
 def test_rerun_with_other_settings_is_refused(tmp_path):
