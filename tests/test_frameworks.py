@@ -109,7 +109,8 @@ def test_lightning_fit_resumes_mid_epoch_from_ckpt_path_with_two_workers(data, t
     _trainer(tmp_path).fit(second, train_dataloaders=loader(data, workers=2), ckpt_path=str(ckpt))
     assert min(second.seen) == every
     assert [first.seen[s] for s in range(every, crash_at)] == [second.seen[s] for s in range(every, crash_at)]
-    trained = [r for s in range(every) for r in first.seen[s]] + [r for s in sorted(second.seen) for r in second.seen[s]]
+    trained = [r for s in range(every) for r in first.seen[s]] + \
+        [r for s in sorted(second.seen) for r in second.seen[s]]
     assert_each_once(trained, data)
 
 
@@ -197,7 +198,11 @@ def test_accelerate_register_for_checkpointing_save_and_load_state(data, tmp_pat
     acc.register_for_checkpointing(dl)
     trained, it = [], iter(dl)
     for _ in range(stop):
-        trained += rows(next(it))
+        batch = next(it)
+        acc.backward(model(batch["input_ids"][:, :1].float()).sum())
+        opt.step()
+        opt.zero_grad()
+        trained += rows(batch)
     acc.save_state(str(tmp_path / "state"))
     for _ in range(lost):  # trained after the checkpoint, then lost in the crash
         next(it)
@@ -205,7 +210,7 @@ def test_accelerate_register_for_checkpointing_save_and_load_state(data, tmp_pat
 
     acc = Accelerator(cpu=True)
     model = torch.nn.Linear(1, 1)
-    model, opt, dl = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(data, workers=1))
+    model, _, dl = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(data, workers=1))
     acc.register_for_checkpointing(dl)
     acc.load_state(str(tmp_path / "state"))
     trained += [r for b in dl for r in rows(b)]
