@@ -116,3 +116,18 @@ def test_memory_stays_bounded_whatever_the_input_size(tmp_path, monkeypatch):
     mb = [round(p / 1e6, 1) for p in peaks]
     assert max(mb[0], mb[2]) < 12, mb  # the writer's record batch (2M tokens) and our batch, not 32 MB
     assert max(mb[1], mb[3]) < 4, mb  # a batch of documents at a time
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_tar_shards_convert_both_ways_like_arrow(tmp_path, capsys, compression):
+    flat = np.array([5, 6, 256, 7, 256, 8, 9, 10, 256], dtype=np.uint16)
+    flat.tofile(tmp_path / "f.bin")
+    code, _, err = convert(capsys, "--from", "nanogpt", str(tmp_path / "f.bin"), "-o", str(tmp_path / "ds"),
+                           "--tokenizer", "bytes", "--format", "tar", "--compression", compression,
+                           "--shard-size", "4B")
+    assert code == 0, err
+    m = read_manifest(str(tmp_path / "ds"))
+    assert m.format == "tar" and len(m.shards) == 3
+    assert [t.tolist() for _, t in documents(str(tmp_path / "ds"))] == [[5, 6, 256], [7, 256], [8, 9, 10, 256]]
+    assert convert(capsys, "--to", "nanogpt", str(tmp_path / "ds"), "-o", str(tmp_path / "back.bin"))[0] == 0
+    assert (tmp_path / "back.bin").read_bytes() == flat.tobytes()

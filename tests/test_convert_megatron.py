@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import warnings
@@ -15,9 +16,23 @@ from dataflow import ShardWriter, TokenizerMeta
 from dataflow.formats.manifest import read_manifest
 from tools import repo_data
 
-with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": CPU fallbacks, fine here
-    warnings.simplefilter("ignore")
-    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+
+@functools.cache
+def _megatron():
+    """megatron-core's indexed dataset module, imported on first use (it takes ~10 s: not at collection)."""
+    with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": CPU fallbacks, fine here
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets import indexed_dataset
+    return indexed_dataset
+
+
+def IndexedDataset(*args, **kwargs):  # noqa: N802 (megatron-core's class, looked up late)
+    return _megatron().IndexedDataset(*args, **kwargs)
+
+
+def IndexedDatasetBuilder(*args, **kwargs):  # noqa: N802
+    return _megatron().IndexedDatasetBuilder(*args, **kwargs)
 
 INT_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint16]
 
