@@ -131,3 +131,17 @@ def test_tar_shards_convert_both_ways_like_arrow(tmp_path, capsys, compression):
     assert [t.tolist() for _, t in documents(str(tmp_path / "ds"))] == [[5, 6, 256], [7, 256], [8, 9, 10, 256]]
     assert convert(capsys, "--to", "nanogpt", str(tmp_path / "ds"), "-o", str(tmp_path / "back.bin"))[0] == 0
     assert (tmp_path / "back.bin").read_bytes() == flat.tobytes()
+
+
+def test_progress_on_stderr_and_a_mistake_is_its_line_alone(tmp_path, capsys):
+    np.array([1, 256] * 1000, dtype=np.uint16).tofile(tmp_path / "f.bin")
+    capsys.readouterr()
+    assert main(["convert", "--from", "nanogpt", str(tmp_path / "f.bin"), "-o", str(tmp_path / "ds"),
+                 "--tokenizer", "bytes"]) == 0
+    out = capsys.readouterr()
+    assert "convert: 100%" in out.err and "2.00k/2.00k" in out.err
+    assert out.out == f"converted 1,000 documents, 2,000 uint16 tokens from 1 input into 1 shard in {tmp_path / 'ds'}\n"
+    assert main(["convert", "--from", "nanogpt", str(tmp_path / "f.bin"), "-o", str(tmp_path / "ds"),
+                 "--tokenizer", "bytes"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dataflow convert: error: ") and "--overwrite" in err

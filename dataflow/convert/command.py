@@ -72,14 +72,32 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ConfigError("the same dataset is named twice; name each once")
 
 
-def cmd_convert(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+class _Bar:
+    """A tqdm bar on stderr, opened once the inputs are checked (a mistake prints its line alone)."""
 
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar = enabled, None
+
+    def start(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="tok", unit_scale=True, desc="convert", disable=not self.enabled,
+                        dynamic_ncols=True, file=sys.stderr)
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
     from dataflow.convert import run
 
     _check_flags(args)
-    with tqdm(unit="tok", unit_scale=True, desc="convert", disable=args.no_progress, dynamic_ncols=True,
-              file=sys.stderr) as bar:
+    bar = _Bar(not args.no_progress)
+    try:
         if args.src:
             options = run.WriteOptions(args.format, args.compression, args.shard_size, args.overwrite)
             if args.src == "megatron":
@@ -91,6 +109,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
             summary = run.to_megatron(args.inputs, args.out, args.overwrite, bar)
         else:
             summary = run.to_nanogpt(args.inputs, args.out, args.overwrite, bar, args.dtype, args.eos_id)
+    finally:
+        bar.close()
     where = (f"{summary.shards} shard{'' if summary.shards == 1 else 's'} in {args.out}" if args.src
              else " and ".join(summary.outputs))
     print(f"converted {summary.documents:,} documents, {summary.tokens:,} {summary.dtype} tokens from "

@@ -33,18 +33,14 @@ Batches = Iterator[tuple[int, np.ndarray, np.ndarray]]  # (first document, token
 
 
 class Progress:
-    """What the conversions report to: `total` (tokens, set once known) and `update(tokens)`; tqdm fits."""
+    """What the conversions report to: `start(total tokens)` once the inputs are checked, then
+    `update(tokens)` as they go. This one reports nowhere; the command shows a tqdm bar."""
 
-    total: int | None = None
+    def start(self, total: int) -> None:
+        pass
 
     def update(self, n: int) -> None:
         pass
-
-
-def _start(progress: Progress, total: int) -> None:
-    progress.total = total
-    if hasattr(progress, "refresh"):
-        progress.refresh()
 
 
 @dataclass
@@ -72,9 +68,9 @@ def _write_dataset(kind: str, sources: list[str], batches: Callable[[str, Tokeni
     """Write the documents of `sources` (in order; ids SOURCE:index) as one dataset at `out`."""
     import dataflow
 
-    _start(progress, total)
     with dataset_output(out, options.overwrite) as tmp:
         meta = tokenizer_meta(spec, tmp)
+        progress.start(total)
         provenance = {"inputs": sources, "settings": {"from": kind, "tokenizer": meta.name, **settings},
                       "dataflow": dataflow.__version__}
         with ShardWriter(tmp, tokenizer_meta=meta, format=options.format, compression=options.compression,
@@ -129,7 +125,7 @@ def to_megatron(datasets: list[str], prefix: str, overwrite: bool, progress: Pro
     prefix = megatron.strip_suffix(prefix)
     dtype = megatron.output_dtype(ds.tokenizer.vocab_size)
     refuse_existing(list(megatron.paths(prefix)), overwrite)
-    _start(progress, ds.tokens)
+    progress.start(ds.tokens)
     writer = megatron.MegatronWriter(prefix, dtype, ds.documents)
     try:
         for _, tokens, offsets, ids in dataset_batches(ds):
@@ -157,7 +153,7 @@ def to_nanogpt(datasets: list[str], path: str, overwrite: bool, progress: Progre
         if not 0 <= eos_id < min(ds.tokenizer.vocab_size, np.iinfo(out_dtype).max + 1):
             raise ConfigError(f"--eos-id {eos_id} is not an id of the tokenizer (vocabulary {ds.tokenizer.vocab_size})")
     refuse_existing([path], overwrite)
-    _start(progress, ds.tokens)
+    progress.start(ds.tokens)
     tokens_out = 0
     with atomic_open(path, "wb") as f:
         for first, tokens, offsets, ids in dataset_batches(ds):
