@@ -17,7 +17,6 @@ from dataflow.formats.manifest import read_manifest
 from tools import repo_data
 
 
-
 @functools.cache
 def _megatron():
     """megatron-core's indexed dataset module, imported on first use (it takes ~10 s: not at collection)."""
