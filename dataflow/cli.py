@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Sequence
 
+from dataflow.convert.command import add_convert_parser
 from dataflow.errors import ConfigError, DataflowError, debug_enabled
 from dataflow.profiling.cli import add_profile_parser
 
@@ -223,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(func=cmd_decode)
 
+    add_convert_parser(sub)
     add_profile_parser(sub)
     sub.choices["profile"].add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                                         help="show full tracebacks (also DATAFLOW_DEBUG=1)")
