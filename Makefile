@@ -19,12 +19,12 @@ $(VENV)/.installed-base: $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || echo "== installing torch $(TORCH_VERSION) into $(VENV) (set TORCH_VERSION=... or install your own build first)"
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --progress-bar on "torch==$(TORCH_VERSION)"
 	@echo "== installing dataflow-lm (editable) and its dependencies into $(VENV)"
-	$(PIP) install --progress-bar on -e .
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install --progress-bar on -e .
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.installed-base
 	@echo "== installing the dev extras (pytest, moto, boto3, s3fs, ray, matplotlib) into $(VENV)"
-	$(PIP) install --progress-bar on -e ".[dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install --progress-bar on -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed

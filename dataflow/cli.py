@@ -16,6 +16,7 @@ import sys
 from typing import Sequence
 
 from dataflow import env
+from dataflow.convert.command import add_convert_parser
 from dataflow.errors import ConfigError, DataflowError, debug_enabled
 from dataflow.profiling.cli import add_profile_parser
 
@@ -171,7 +172,7 @@ def _workers(text: str) -> int | str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dataflow", description="Keep GPUs fed: tokenize, inspect, verify, "
-                                "decode and profile token datasets.", formatter_class=_HelpFormatter)
+                                "decode, convert and profile token datasets; train a GPT on them.", formatter_class=_HelpFormatter)
     p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     p.add_argument("--debug", action="store_true", help="show full tracebacks (also DATAFLOW_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -240,13 +241,37 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(func=cmd_decode)
 
+    add_convert_parser(sub)
+    sub.add_parser("train", add_help=False, help="train the bundled GPT: dataflow train --config demo --set "
+                   "data.path=DATA (the same as python -m trainer; dataflow train --help for its flags)")
     add_profile_parser(sub, formatter_class=_HelpFormatter)
     sub.choices["profile"].add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                                         help="show full tracebacks (also DATAFLOW_DEBUG=1)")
     return p
 
 
+def run_trainer(argv: list[str]) -> int:
+    """`dataflow train ARGS`: the bundled trainer (`python -m trainer ARGS`), found through the 'dataflow.train'
+    entry point so that this package never imports the trainer."""
+    from importlib.metadata import entry_points
+
+    found = list({e.value: e for e in entry_points(group="dataflow.train")}.values())
+    if not found:
+        print("dataflow train: error: no trainer is registered in the 'dataflow.train' entry-point group; "
+              "reinstall the project (pip install dataflow-lm, or pip install -e . in a clone)", file=sys.stderr)
+        return 2
+    return found[0].load()(argv, prog="dataflow train")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # the trainer parses its own arguments (and checks the environment through this)
+        try:
+            env.check_all()
+        except ConfigError as e:
+            print(f"dataflow train: error: {e}", file=sys.stderr)
+            return 2
+        return run_trainer(argv[1:])
     args = build_parser().parse_args(argv)
     if getattr(args, "debug", False):
         os.environ["DATAFLOW_DEBUG"] = "1"  # library errors then keep their causes too

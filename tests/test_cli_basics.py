@@ -23,7 +23,7 @@ def test_version_exits_0_with_the_distribution_and_format():
     assert p.stdout.count("\n") == 1
 
 
-@pytest.mark.parametrize("name", ["tokenize", "merge", "inspect", "verify", "decode", "profile"])
+@pytest.mark.parametrize("name", ["tokenize", "merge", "inspect", "verify", "decode", "convert", "profile"])
 def test_every_flag_has_help_and_states_its_default(name):
     parser = subcommands()[name]
     text = parser.format_help()

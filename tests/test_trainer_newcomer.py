@@ -93,3 +93,20 @@ def test_sigterm_ends_a_run_whose_step_is_far_beyond_the_machine(tmp_path, kjv):
         proc.kill()
         proc.wait()
     assert not os.path.exists(tmp_path / "ck") or not os.listdir(tmp_path / "ck")  # no step finished: no checkpoint
+
+
+def test_dataflow_train_is_the_trainer(tmp_path, kjv):
+    from dataflow.preprocess.run import TokenizeConfig, tokenize
+
+    tokenize(TokenizeConfig(inputs=[str(kjv)], out=str(tmp_path / "data"), shard_size="4MB", workers=1,
+                            progress=False))
+    run = [sys.executable, "-m", "dataflow", "train"]
+    p = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("usage: dataflow train") and "demo" in p.stdout
+    p = subprocess.run(run + ["--config", "demo", "--set", f"data.path={tmp_path / 'data'}", "--set", "train.steps=2",
+                              "--set", "data.seq_len=32", "--set", "data.num_workers=0", "--set", "train.eval_every=0",
+                              "--set", "log.every=1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "step      2/2" in p.stdout and (tmp_path / "demo-out" / "checkpoints" / "step-000002").is_dir()
+    p = subprocess.run(run + ["--config", "demo"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "data.path" in p.stderr
