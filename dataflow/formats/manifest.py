@@ -276,7 +276,45 @@ def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
             else f"the split {splits[0]}, not a dataset; pass {paths[0]}"
         return NotADatasetError(f"{folder} holds {what} (`dataflow tokenize --val-fraction` writes each split as a "
                                 "dataset of its own)")
+    unfinished = _tokenize_in_progress(folder)
+    if unfinished is not None:
+        return NotADatasetError(f"{folder}: no manifest yet: {unfinished}")
     return NotADatasetError(f"{manifest_url(path)}: no manifest here; {make} (it holds {MANIFEST_NAME})")
+
+
+TOKENIZE_WORK_DIR = "_work"  # where a `dataflow tokenize` run keeps its journal and lock (preprocess/layout.py)
+
+
+def _tokenize_in_progress(folder: str) -> str | None:
+    """What a folder without a manifest is, when `dataflow tokenize` writes it (or one of its splits): running
+    now (its lock is held), or interrupted (work left, nobody holding it); None otherwise."""
+    for root in (folder, os.path.dirname(os.path.abspath(folder))):
+        work = os.path.join(root, TOKENIZE_WORK_DIR)
+        if not os.path.isdir(work):
+            continue
+        locks = [os.path.join(work, n) for n in os.listdir(work) if n.endswith(".lock")]
+        if any(_held(lock) for lock in locks):
+            return "a `dataflow tokenize` is writing it now; wait for it to finish"
+        return ("a `dataflow tokenize` writing it stopped before the end; rerun the same command to finish it "
+                "(it resumes)")
+    return None
+
+
+def _held(lock: str) -> bool:
+    """True when another process holds this lock file's flock."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def write_manifest(out_dir: str, manifest: Manifest) -> str:
