@@ -19,6 +19,7 @@ from dataflow import env
 from dataflow.convert.command import add_convert_parser
 from dataflow.errors import ConfigError, DataflowError, debug_enabled
 from dataflow.profiling.cli import add_profile_parser
+from dataflow.units import count
 
 DISTRIBUTION = "dataflow-lm"
 
@@ -88,13 +89,14 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
-        print(f"tokenized {summary['documents']:,} documents into {summary['tokens']:,} tokens "
+        print(f"tokenized {count(summary['documents'], 'document')} into {count(summary['tokens'], 'token')} "
               f"in {summary['seconds']:.1f} s ({summary['mb_per_s']} MB/s of text, "
               f"{summary['tokens_per_s']:,} tokens/s; tokenizer {summary['tokenizer']}, engine {summary['engine']})")
         if summary["engine_reason"]:
             print(f"  engine: {summary['engine_reason']}")
         for split, d in summary["datasets"].items():
-            print(f"  {split}: {d['documents']:,} documents, {d['tokens']:,} tokens, {d['shards']} shards, "
+            print(f"  {split}: {count(d['documents'], 'document')}, {count(d['tokens'], 'token')}, "
+                  f"{count(d['shards'], 'shard')}, "
                   f"{d['bytes'] / 1e6:.1f} MB")
         if summary["resumed_from_unit"]:
             print(f"  resumed at unit {summary['resumed_from_unit']} of {summary['units']}")
@@ -131,7 +133,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
               file=sys.stderr)
     if problems:
         return 1
-    print(f"ok: {len(manifest.shards)} shards, {manifest.documents:,} documents, {manifest.tokens:,} tokens verified")
+    print(f"ok: {count(len(manifest.shards), 'shard')}, {count(manifest.documents, 'document')}, "
+          f"{count(manifest.tokens, 'token')} verified")
     return 0
 
 
@@ -147,7 +150,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             bar.update(1)
     if args.output:
-        print(f"decoded {manifest.documents:,} documents into {args.output}", file=sys.stderr)
+        print(f"decoded {count(manifest.documents, 'document')} into {args.output}", file=sys.stderr)
     return 0
 
 
@@ -155,8 +158,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from dataflow.preprocess.merge import merge
 
     for split, m in merge(args.out).items():
-        print(f"{split}: merged {len(m.provenance['parts'])} parts: {m.documents:,} documents, {m.tokens:,} tokens, "
-              f"{len(m.shards)} shards")
+        print(f"{split}: merged {count(len(m.provenance['parts']), 'part')}: {count(m.documents, 'document')}, "
+              f"{count(m.tokens, 'token')}, {count(len(m.shards), 'shard')}")
     return 0
 
 

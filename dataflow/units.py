@@ -32,3 +32,8 @@ def parse_size(text: str | int) -> int:
     if int(value) <= 0:
         raise ConfigError(f"size {text!r} must be positive")
     return int(value)
+
+
+def count(n: int, word: str, plural: str | None = None) -> str:
+    """'1 shard', '2 shards', '12,345 documents': a number with its noun, in the right number."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"

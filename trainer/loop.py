@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import dataflow
 from dataflow.errors import ConfigError, TrainingAborted
+from dataflow.units import count
 from trainer.checkpoint import Checkpointer, complete_checkpoints, resolve_resume
 from trainer.config import Config
 from trainer.estimate import warn_if_out_of_reach
@@ -358,7 +359,7 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
         val_loss = run_eval()
     log.print(mon.format_summary() + (f" [{t.grad_accum} micro-steps per step]" if t.grad_accum > 1 else ""))
     ps = prefetcher.stats
-    log.print(f"data path: StreamingDataLoader({cfg.data.num_workers} workers, pinned={loader.pinned}) -> "
+    log.print(f"data path: StreamingDataLoader({count(cfg.data.num_workers, 'worker')}, pinned={loader.pinned}) -> "
               f"DevicePrefetcher({d.device.type}, depth {cfg.data.prefetch_depth}); {ps.direct_copies}/{ps.batches} "
               f"batches copied to the device straight from loader memory, {loader.stats.copies} owned copies")
     return {"step": step, "loss": loss_val, "skipped_steps": skipped, "val_loss": val_loss,

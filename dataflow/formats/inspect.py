@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from dataflow.formats.manifest import Manifest
+from dataflow.units import count
 
 
 def describe(dataset: str, manifest: Manifest, documents: Iterable[dict[str, str]] = ()) -> dict[str, Any]:
@@ -23,7 +24,8 @@ def format_description(info: dict[str, Any]) -> str:
         f"dataset   {info['path']}",
         f"format    {info['format']} ({info['compression']}), tokens {info['dtype']}, version {info['version']}",
         f"tokenizer {t['name']} ({t['kind']}), vocab {t['vocab_size']:,}, eos {t['eos_id']}",
-        f"totals    {tot['documents']:,} documents, {tot['tokens']:,} tokens, {tot['shards']} shards, "
+        f"totals    {count(tot['documents'], 'document')}, {count(tot['tokens'], 'token')}, "
+        f"{count(tot['shards'], 'shard')}, "
         f"{tot['bytes'] / 1e6:.2f} MB on disk",
         "",
         f"{'shard':<28} {'documents':>10} {'tokens':>14} {'MB':>9}  sha256",
