@@ -29,6 +29,7 @@ import math
 import multiprocessing.connection as mpc
 import os
 import pickle
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -172,6 +173,28 @@ class WorkerPool:
         """All workers alive (a pool that lost one is replaced, not reused)."""
         return not self.closed and all(p.is_alive() for p in self.procs)
 
+    def death(self) -> WorkerDied | None:
+        """The error for the first worker found dead (one that died while the pool was idle), else None."""
+        for w, p in enumerate(self.procs):
+            if not p.is_alive():
+                return self._died(w, "between jobs")
+        return None
+
+    def _died(self, w: int, doing: str) -> WorkerDied:
+        """WorkerDied for worker w, naming it, its pid and how it ended (signal or exit code)."""
+        p = self.procs[w]
+        p.join(timeout=2.0)  # its pipes close as it exits, a moment before it can be reaped
+        how, hint = how_it_ended(p.exitcode)
+        return WorkerDied(f"loader worker {w} (pid {p.pid}) died {doing}: {how}; {hint}. The next iter() "
+                          f"starts new workers at the same position")
+
+    def _send(self, w: int, msg: tuple) -> None:
+        """A control message to worker w; a worker that is gone is WorkerDied, not a BrokenPipeError."""
+        try:
+            self.ctrl[w].send(msg)
+        except OSError:  # BrokenPipeError, ConnectionResetError: its end of the pipe is closed
+            raise self._died(w, "before its job started") from None
+
     def run(self, plan: BatchPlan) -> Iterator[dict[str, torch.Tensor]]:
         """Yield the plan's batches in order, as leased views of ring slots (or owned copies)."""
         self._control[0] = 0  # a job still running (an iterator left alive) stops at its next slot
@@ -181,8 +204,8 @@ class WorkerPool:
         self.job += 1
         job = self.job
         self._control[0] = job
-        for w, c in enumerate(self.ctrl):
-            c.send(("run", job, plan))
+        for w in range(self.num_workers):
+            self._send(w, ("run", job, plan))
             self._running[w] = job
         taken = [0] * self.num_workers  # batches taken from each worker in this job
         try:
@@ -260,15 +283,13 @@ class WorkerPool:
                     raise _restore(payload, text, w)
                 raise DataflowError(f"loader worker {w} ended its job before batch {b} (protocol error)")
         if not self.procs[w].is_alive():
-            raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code "
-                             f"{self.procs[w].exitcode} while producing batch {b}; killed or out of memory?")
+            raise self._died(w, f"while producing batch {b}")
 
     def _settle(self, w: int, deadline: float | None) -> None:
         """Before a new job: wait until worker w has left its last job, then free what it filled for it."""
         while self._running[w]:
             if not self.procs[w].is_alive():
-                raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code "
-                                 f"{self.procs[w].exitcode}")
+                raise self._died(w, "between jobs")
             if self.results[w].poll(POLL_S):
                 try:
                     job, _, _ = self.results[w].recv()
@@ -307,6 +328,28 @@ class WorkerPool:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
+
+
+_SIGNAL_HINTS = {
+    signal.SIGKILL: "the kernel's out-of-memory killer sends SIGKILL: lower num_workers or shuffle_window, or "
+                    "give the job more memory",
+    signal.SIGBUS: "a bus error in a worker is most often /dev/shm running out: give the container more shared "
+                   "memory (Docker: --shm-size) or lower num_workers, held_batches or batch_size",
+    signal.SIGSEGV: "a crash in native code: please report it with the versions of torch and pyarrow",
+}
+
+
+def how_it_ended(exitcode: int | None) -> tuple[str, str]:
+    """(how a worker ended, what to do about it) from its exit code (negative: the signal that killed it)."""
+    if exitcode is None:
+        return "it closed its pipes but is still running", "it is being stopped; retry"
+    if exitcode < 0:
+        try:
+            sig = signal.Signals(-exitcode)
+        except ValueError:
+            return f"killed by signal {-exitcode}", "killed by another process or out of memory?"
+        return f"killed by {sig.name}", _SIGNAL_HINTS.get(sig, "killed by another process?")
+    return f"exited with code {exitcode}", "see the worker's output above for why"
 
 
 def _restore(payload: bytes | None, text: str, worker: int) -> BaseException:

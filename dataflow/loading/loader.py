@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError, DataflowError, WorkerDied, cause
 from dataflow.loading.dataset import StreamingDataset
-from dataflow.loading.handoff import WorkerPool
+from dataflow.loading.handoff import WorkerPool, how_it_ended
 from dataflow.loading.plan import BatchPlan
 from dataflow.loading.stages import STAGES, TOTALS, BatchTiming, Hook, add_batch, add_seconds, track_name
 
@@ -43,6 +43,33 @@ class _Documents(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         for b in range(worker, self.plan.num_batches, workers):
             yield self.dataset.documents(self.plan.sample_ids(b), self.plan.epoch)
+
+
+def _torch_workers(loader: DataLoader) -> Iterator[dict[str, Any]]:
+    """torch's DataLoader's batches, with a dead worker reported as `WorkerDied` (torch raises a RuntimeError)."""
+    it = iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except RuntimeError as e:
+            if not str(e).startswith("DataLoader worker"):
+                raise
+            raise _torch_worker_died(it, e) from cause(e)
+        yield batch
+
+
+def _torch_worker_died(it: Any, e: RuntimeError) -> WorkerDied:
+    """WorkerDied naming the first dead worker of torch's DataLoader iterator `it` and how it ended."""
+    workers = list(getattr(it, "_workers", []))  # torch's own list of its worker processes
+    for w, p in enumerate(workers):
+        if p.exitcode not in (None, 0):
+            how, hint = how_it_ended(p.exitcode)
+            return WorkerDied(f"loader worker {w} (pid {p.pid}) died while producing whole-document batches: "
+                              f"{how}; {hint}. The next iter() starts new workers at the same position")
+    return WorkerDied(f"loader {str(e).strip()[len('DataLoader '):].rstrip('. ')}; killed by another process or "
+                      "out of memory? The next iter() starts new workers at the same position")
 
 
 class StreamingDataLoader:
@@ -143,13 +170,17 @@ class StreamingDataLoader:
         if ds.seq_len is None:
             if self.num_workers == 0:
                 return (ds.documents(plan.sample_ids(b), plan.epoch) for b in range(plan.num_batches))
-            return iter(DataLoader(_Documents(ds, plan), batch_size=None, num_workers=self.num_workers,
-                                   pin_memory=self.pin_memory, timeout=self.timeout,
-                                   prefetch_factor=self.prefetch_factor, multiprocessing_context=self.context))
+            return _torch_workers(DataLoader(_Documents(ds, plan), batch_size=None, num_workers=self.num_workers,
+                                             pin_memory=self.pin_memory, timeout=self.timeout,
+                                             prefetch_factor=self.prefetch_factor,
+                                             multiprocessing_context=self.context))
         if self.num_workers == 0:
             return self._in_process(plan)
         if self._pool is not None and not self._pool.healthy():
+            died = self._pool.death()  # a persistent worker that died while idle: said, then replaced
             self.close()
+            if died is not None:
+                raise died
         if self._pool is None:
             self._pool = WorkerPool(ds, ds.batch_layout(self.batch_size), self.num_workers, self.prefetch_factor,
                                     self.held_batches, self.context, pin=self.pin_memory, timeout=self.timeout,
