@@ -131,7 +131,7 @@ class WorkerPool:
         self.num_workers, self.timeout = num_workers, timeout
         # each worker keeps `prefetch` batches ready while the consumer holds `held` (spread over workers)
         self.per_worker = prefetch + math.ceil(held / num_workers) + 1
-        self.ring = SlotRing(layout, self.per_worker * num_workers)
+        self.ring = SlotRing(layout, self.per_worker * num_workers, num_workers)
         if pin:
             self.ring.pin()
         ctx = tmp.get_context(context) if isinstance(context, str) or context is None else context
