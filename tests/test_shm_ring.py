@@ -26,7 +26,8 @@ def _loader(ds_path, **kwargs):
 
 @pytest.mark.parametrize("workers,held,per_worker", [(2, 4, 5), (3, 0, 3), (1, 7, 10)])
 def test_too_little_shared_memory_names_what_took_it_and_the_fixes(ds_path, monkeypatch, workers, held, per_worker):
-    monkeypatch.setattr(ring, "shm_free", lambda: 64 * 1024, raising=False)  # 64 KB: the ring needs 3 fields x 8 KB a slot
+    # 64 KB of /dev/shm; the ring needs 3 fields x 4 KB a slot
+    monkeypatch.setattr(ring, "shm_free", lambda: 64 * 1024, raising=False)
     loader = _loader(ds_path, batch_size=4, num_workers=workers, held_batches=held)
     with pytest.raises(ConfigError) as err:
         next(iter(loader))
@@ -55,7 +56,8 @@ def test_a_failed_shared_allocation_is_the_same_one_line_error(ds_path, monkeypa
 
 
 def test_a_ring_that_fits_is_made_and_no_workers_need_none(ds_path, monkeypatch):
-    monkeypatch.setattr(ring, "shm_free", lambda: 3 * 4096 * 5 * 2, raising=False)  # exactly the ring of 2 workers, held 4
+    # exactly the ring of 2 workers that may hold 4 batches
+    monkeypatch.setattr(ring, "shm_free", lambda: 3 * 4096 * 5 * 2, raising=False)
     got = [b["input_ids"].clone() for b in _loader(ds_path, batch_size=4, num_workers=2)]
     monkeypatch.setattr(ring, "shm_free", lambda: 0, raising=False)
     want = [b["input_ids"] for b in _loader(ds_path, batch_size=4, num_workers=0)]  # in process: no ring

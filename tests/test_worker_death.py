@@ -15,7 +15,6 @@ import torch
 
 from conftest import write_counting_dataset
 from dataflow import StreamingDataLoader, StreamingDataset, WorkerDied
-from dataflow.loading import loader as loader_module
 from dataflow.loading.handoff import WorkerPool
 
 SEQ = 16

@@ -20,6 +20,7 @@ keeps a lock held for as long as the child lives: every lock fd is tracked and c
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import hashlib
@@ -30,6 +31,7 @@ import threading
 import time
 
 from dataflow import env
+from dataflow.errors import CacheFullError, ConfigError, DataflowError, cause
 from dataflow.units import parse_size
 
 _TAG = re.compile(r"[0-9a-f]{16}")
@@ -40,14 +42,49 @@ _LOCK_SUFFIXES = (".inuse", ".dl", ".ok")  # lock files, and the stamp of a veri
 _fds: set[int] = set()  # every lock fd this process holds open
 _fds_mu = threading.Lock()
 DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or an exhausted quota: waiting or retrying frees nothing
+
+
+class CacheUnwritable(ConfigError):
+    """The cache folder cannot be made or written: read-only, no permission, a file in its way."""
+
+    reason = ""  # what the system said
+
+
+def unusable(folder: str, e: OSError) -> DataflowError:
+    """The one-line error for a cache folder that cannot be written (`e`: what the system said)."""
+    why = e.strerror or str(e)
+    if e.errno in DISK_FULL:
+        return CacheFullError(f"{folder}: the disk of the shard cache is full ({why}); free space, lower cache_limit "
+                              f"(DATAFLOW_CACHE_LIMIT) or set DATAFLOW_CACHE to a larger disk")
+    err = CacheUnwritable(f"{folder}: the shard cache cannot be written here ({why}); set DATAFLOW_CACHE (or "
+                          f"cache_dir=) to a writable folder")
+    err.reason = why
+    return err
+
+
+def check_writable(folder: str) -> OSError | None:
+    """None when files can be made in `folder` (made if needed), else the error that says why not."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".probe-{os.getpid()}-{threading.get_ident()}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
+        os.remove(probe)
+    except OSError as e:
+        return e
+    return None
 
 
 def lock(path: str, op: int) -> int | None:
-    """An fd of lock file `path` (created if needed) holding flock `op`; None when LOCK_NB finds it taken."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with _fds_mu:  # so that a fork never sees an fd opened but not yet tracked
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        _fds.add(fd)
+    """An fd of lock file `path` (created if needed) holding flock `op`; None when LOCK_NB finds it taken.
+    A folder where it cannot be made is `CacheUnwritable` (or `CacheFullError`), not a raw OSError."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with _fds_mu:  # so that a fork never sees an fd opened but not yet tracked
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            _fds.add(fd)
+    except OSError as e:
+        raise unusable(os.path.dirname(path), e) from cause(e)
     try:
         fcntl.flock(fd, op)
     except BlockingIOError:
@@ -189,7 +226,7 @@ def _scan(cache_dir: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, s
     total = 0
     try:
         tags = [d.path for d in os.scandir(cache_dir) if d.is_dir() and _TAG.fullmatch(d.name)]
-    except FileNotFoundError:
+    except OSError:  # not made yet, or not a folder we can read: it holds nothing of ours
         return entries, partials, total
     for tag in tags:
         for folder, _, names in os.walk(tag):

@@ -25,7 +25,8 @@ from dataflow.loading.mixing import Blend
 from dataflow.loading.plan import BatchPlan, LoaderState, rank_world
 from dataflow.loading.shards import OpenShard
 from dataflow.loading.shuffle import EpochOrder
-from dataflow.loading.storage import Storage, prefetch_shards
+from dataflow.loading.cache import CacheUnwritable
+from dataflow.loading.storage import Storage, prefetch_shards, usable_decoding, warn_decoding_here
 
 
 class StreamingDataset(IterableDataset):
@@ -111,6 +112,7 @@ class StreamingDataset(IterableDataset):
         # per source: (format, token itemsize) when its zstd shards are decoded once per machine, else None
         self._decoded = [(m.format, np.dtype(m.dtype).itemsize) if decode_once and m.compression == "zstd" else None
                          for m in self.manifests]
+        self._decoded = usable_decoding(self.storages, self._decoded)  # a read-only cache: decode here
         self.fingerprint = self._fingerprint()
         self.epoch = 0
         self.consumed = 0  # global samples of this epoch already served; advanced only by an iterator
@@ -239,7 +241,14 @@ class StreamingDataset(IterableDataset):
             m, storage = self.manifests[src], self.storages[src]
             decoded = self._decoded[src]
             t_decode = time.perf_counter()
-            path = storage.decoded_path(info, *decoded) if decoded else storage.local_path(info)
+            try:
+                path = storage.decoded_path(info, *decoded) if decoded else storage.local_path(info)
+            except CacheUnwritable as e:  # the cache became unwritable since: a local source decodes here
+                if storage.remote:
+                    raise
+                warn_decoding_here([storage.root], storage.cache_dir, e.reason)
+                self._decoded[src] = decoded = None
+                path = storage.local_path(info)
             waited = time.perf_counter() - t_decode if decoded else 0.0
             self._decode_wait_s += waited
             shard = self._open[k] = OpenShard(path, m.format, info, m.tokenizer.vocab_size, m.dtype,

@@ -39,8 +39,9 @@ def size_bound(shard: ShardInfo, fmt: str) -> int:
 def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Callable[[], str],
                 check_source: bool) -> float:
     """Make `path` the decoded copy of `shard` unless another process already has; returns the CPU
-    seconds this thread spent checking and decoding (0.0 when it found the copy made). `source()` gives the compressed file, held by the
-    caller; `check_source` hashes it first (a local file nobody has checked against the manifest)."""
+    seconds this thread spent checking and decoding (0.0 when it found the copy made). `source()` gives
+    the compressed file, held by the caller; `check_source` hashes it first (a local file nobody has
+    checked against the manifest). A full disk is the OSError (ENOSPC/EDQUOT), never a damaged shard."""
     fd = cache.lock(path + ".dl", fcntl.LOCK_EX)
     try:
         if os.path.exists(path):
@@ -53,10 +54,16 @@ def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Ca
             if check_source and _sha256(src) != shard.sha256:
                 raise FormatError(f"{src}: its sha256 does not match the manifest; the shard is damaged or was "
                                   "replaced: run `dataflow verify` on the dataset")
-            if fmt == "tar":
-                decode_tar_stream(src, tmp, shard, itemsize)
-            else:
-                decode_arrow_shard(src, tmp, shard.sha256)
+            try:
+                if fmt == "tar":
+                    decode_tar_stream(src, tmp, shard, itemsize)
+                else:
+                    decode_arrow_shard(src, tmp, shard.sha256)
+            except FormatError as e:  # the reader reports a failed write as a damaged shard
+                full = _disk_full(e)
+                if full is not None:
+                    raise full from None  # the caller says CacheFullError; the shard is sound
+                raise
             os.replace(tmp, path)
             return max(time.thread_time() - t0, 1e-9)
         finally:
@@ -64,6 +71,18 @@ def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Ca
             release_freed_memory()  # the decode's buffers: a worker must not grow by what it decoded
     finally:
         cache.unlock(fd)
+
+
+def _disk_full(e: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT behind `e` (raised, or being handled, when it was raised), if there is one."""
+    seen: set[int] = set()
+    err: BaseException | None = e
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in cache.DISK_FULL:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _sha256(path: str) -> str:

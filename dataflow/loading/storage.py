@@ -27,7 +27,8 @@ from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
 from dataflow.loading import cache, decoded
-from dataflow.loading.download import DISK_FULL, download_verified
+from dataflow.loading.cache import DISK_FULL
+from dataflow.loading.download import download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
 from dataflow.loading.cache import lock, unlock
 
@@ -186,6 +187,11 @@ class Storage:
                 else:
                     self._pool.submit(self._prefetch_one, shard, path)
 
+    def cache_problem(self) -> OSError | None:
+        """Why this dataset's cache folder cannot be written (None when it can): read-only, no permission,
+        a file in its way, a full disk. Made if missing."""
+        return cache.check_writable(self.cache_root)
+
     def close(self) -> None:
         """Stop background downloads (waiting for those running) and release every shard held."""
         with self._mu:
@@ -239,7 +245,7 @@ class Storage:
                                           check_source=not self.remote)
         except OSError as e:
             if e.errno in DISK_FULL:
-                raise self._full(shard, e) from cause(e)
+                raise self._full(shard, e, needed=decoded.size_bound(shard, fmt), doing="decoding") from cause(e)
             raise
         finally:
             if self.remote:
@@ -338,13 +344,16 @@ class Storage:
         if free < shard.bytes:
             raise self._full(shard, None, free)
 
-    def _full(self, shard: ShardInfo, e: OSError | None, free: int | None = None) -> CacheFullError:
+    def _full(self, shard: ShardInfo, e: OSError | None, free: int | None = None, needed: int | None = None,
+              doing: str = "caching") -> CacheFullError:
         free = shutil.disk_usage(self.cache_dir).free if free is None else free
+        amount = f"{shard.bytes / 1e6:.1f} MB" if needed is None else f"up to {needed / 1e6:.1f} MB"
         limit = "unlimited" if self.cache_limit is None else f"{self.cache_limit / 1e9:.1f} GB"
+        local = "" if self.remote else ", or pass decode_once=False to decode in each process instead"
         return CacheFullError(
-            f"{self.cache_dir}: disk full while caching {self.url(shard)} ({shard.bytes / 1e6:.1f} MB needed, "
+            f"{self.cache_dir}: disk full while {doing} {self.url(shard)} ({amount} needed, "
             f"{free / 1e6:.1f} MB free{'' if e is None else ': ' + (e.strerror or str(e))}); free space, lower "
-            f"cache_limit (now {limit}; DATAFLOW_CACHE_LIMIT) or set DATAFLOW_CACHE to a larger disk")
+            f"cache_limit (now {limit}; DATAFLOW_CACHE_LIMIT) or set DATAFLOW_CACHE to a larger disk{local}")
 
     def _make_room(self, incoming: int) -> None:
         if self.cache_limit is not None:
@@ -360,6 +369,33 @@ def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]]
         by_source.setdefault(src, []).append(info)
     for src, infos in by_source.items():
         storages[src].prefetch(infos, decode=decode[src])
+
+
+def usable_decoding(storages: list[Storage], decode: list[tuple[str, int] | None]) -> list[tuple[str, int] | None]:
+    """`decode` (per source: decode its zstd shards once per machine into the cache, or None), with None for
+    the local sources whose cache folder cannot be written: those are decoded in each process, said once.
+    A remote source needs its cache: one that cannot be written is raised (one line naming DATAFLOW_CACHE)."""
+    out, fallen = list(decode), []
+    for i, storage in enumerate(storages):
+        if not (storage.remote or decode[i]):
+            continue
+        problem = storage.cache_problem()
+        if problem is None:
+            continue
+        if storage.remote:
+            raise cache.unusable(storage.cache_dir, problem) from cause(problem)
+        out[i] = None
+        fallen.append((storage, problem))
+    if fallen:
+        storage, problem = fallen[0]
+        warn_decoding_here([s.root for s, _ in fallen], storage.cache_dir, problem.strerror or str(problem))
+    return out
+
+
+def warn_decoding_here(roots: list[str], cache_dir: str, why: str) -> None:
+    log.warning("%s: the shard cache %s cannot be written (%s); decoding zstd shards in each loader process instead "
+                "(more memory and CPU): set DATAFLOW_CACHE to a writable folder to decode them once per machine",
+                ", ".join(roots), cache_dir, why)
 
 
 def _reset_after_fork() -> None:
