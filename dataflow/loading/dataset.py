@@ -260,6 +260,14 @@ class StreamingDataset(IterableDataset):
             self._fetch_s += time.perf_counter() - t0 - waited
         return shard
 
+    def close(self, wait: bool = True) -> None:
+        """Let go of this process's open shards and cache locks now (the dataset stays usable: it opens
+        them again when read); `wait=False` does not wait for downloads ahead (a worker about to exit)."""
+        self._open.clear()
+        self._blocks_key, self._ahead_key = (), ()
+        for storage in self.storages:
+            storage.close(wait)
+
     def _close_shard(self, k: int) -> None:
         del self._open[k]
         self.storages[self.shards[k][0]].release(self.shards[k][1])

@@ -70,7 +70,7 @@ def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Ca
             cache.remove(tmp)
             release_freed_memory()  # the decode's buffers: a worker must not grow by what it decoded
     finally:
-        cache.unlock(fd)
+        cache.release(fd, path + ".dl")
 
 
 def _disk_full(e: BaseException) -> OSError | None:

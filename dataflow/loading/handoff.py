@@ -24,6 +24,7 @@ Pipes carry only the rare messages: start a job, stop, and a worker's "job ended
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
 import multiprocessing.connection as mpc
@@ -32,6 +33,7 @@ import pickle
 import signal
 import time
 import traceback
+import weakref
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterator
@@ -48,6 +50,7 @@ POLL_S = 0.05
 PARENT_CHECK_S = 1.0  # how often an idle worker checks that its parent is alive
 _JOB, _BATCH, _ROWS, _STATE, _STAGES = 0, 1, 2, 3, 4  # columns of the slot table; then its FIELDS
 FREE, FILLED, LENT = 0.0, 1.0, 2.0  # slot states
+_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()  # open pools, stopped at exit
 
 
 @dataclass
@@ -90,6 +93,10 @@ def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num
                 shared.ready.release()  # wakes the main process, which then finds the error
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         return
+    finally:  # a process ends without running finalizers: let go of its cache locks (and their files)
+        close = getattr(dataset, "close", None)
+        if close is not None:
+            close(wait=False)
 
 
 def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook, job: int,
@@ -168,6 +175,7 @@ class WorkerPool:
         self._pid = os.getpid()
         self._running: list[int] = [0] * num_workers  # the job each worker has not yet reported ended
         self.stage_by_worker: list[dict[str, float]] = [{} for _ in range(num_workers)]
+        _POOLS.add(self)
 
     def healthy(self) -> bool:
         """All workers alive (a pool that lost one is replaced, not reused)."""
@@ -337,6 +345,20 @@ _SIGNAL_HINTS = {
                    "memory (Docker: --shm-size) or lower num_workers, held_batches or batch_size",
     signal.SIGSEGV: "a crash in native code: please report it with the versions of torch and pyarrow",
 }
+
+
+def _stop_all() -> None:
+    """At exit, stop open pools' workers the orderly way (before multiprocessing terminates them): they
+    let go of their cache locks as they leave."""
+    for pool in list(_POOLS):
+        if not pool.closed:
+            try:
+                pool.close()
+            except Exception:
+                pass
+
+
+atexit.register(_stop_all)  # runs before multiprocessing's own exit handler (registered earlier)
 
 
 def how_it_ended(exitcode: int | None) -> tuple[str, str]:

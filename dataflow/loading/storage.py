@@ -8,6 +8,7 @@ reader ever sees a partial or wrong file. `prefetch` downloads ahead in backgrou
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import logging
@@ -30,7 +31,7 @@ from dataflow.loading import cache, decoded
 from dataflow.loading.cache import DISK_FULL
 from dataflow.loading.download import download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
-from dataflow.loading.cache import lock, unlock
+from dataflow.loading.cache import lock, release, unlock
 
 __all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "prefetch_shards"]
 log = logging.getLogger(__name__)
@@ -192,17 +193,18 @@ class Storage:
         a file in its way, a full disk. Made if missing."""
         return cache.check_writable(self.cache_root)
 
-    def close(self) -> None:
-        """Stop background downloads (waiting for those running) and release every shard held."""
+    def close(self, wait: bool = True) -> None:
+        """Stop background downloads (waiting for those running unless `wait=False`: a process about to
+        exit) and release every shard held."""
         with self._mu:
             pool, self._pool = self._pool, None
-            held, self._held = list(self._held.values()), {}
+            held, self._held = list(self._held.items()), {}
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=wait, cancel_futures=True)
         with self._mu:
             self._pending.clear()  # cancelled ones never ran
-        for fd, _, _ in held:
-            unlock(fd)
+        for path, (fd, _, _) in held:
+            release(fd, path + ".inuse")
 
     # --- internals --------------------------------------------------------------------------------
     def _entry(self, shard: ShardInfo) -> str:
@@ -226,7 +228,7 @@ class Storage:
                 make()
             cache.touch(path)
         except BaseException:
-            unlock(fd)
+            release(fd, path + ".inuse")
             raise
         with self._mu:
             held = self._held.setdefault(path, [fd, 0, size])
@@ -265,7 +267,7 @@ class Storage:
             if held[1] > 0:
                 return
             del self._held[path]
-        unlock(held[0])
+        release(held[0], path + ".inuse")
 
     def _filesystem(self) -> tuple[Any, str]:
         if self._fs is None or self._fs_pid != os.getpid():
@@ -287,7 +289,7 @@ class Storage:
                 if cache.verified(path, shard.bytes):
                     cache.touch(path)
             finally:
-                unlock(fd)
+                release(fd, path + ".inuse")
         except Exception as e:
             log.warning("download-ahead of %s failed (%s); it is retried when read", self.url(shard), e)
         finally:
@@ -319,7 +321,7 @@ class Storage:
             self._check_space(shard)
             self._download(shard, path)
         finally:
-            unlock(fd)
+            release(fd, path + ".dl")
 
     def _checked_again(self, shard: ShardInfo, path: str) -> bool:
         """A cached file of the right size that no download here verified (left by an older version, or put
@@ -405,4 +407,14 @@ def _reset_after_fork() -> None:
         storage._reset()
 
 
+def _close_all() -> None:
+    """At exit, release what every Storage still holds (finalizers may not run then): no lock files left."""
+    for storage in list(_LIVE):
+        try:
+            storage.close()
+        except Exception:
+            pass
+
+
 os.register_at_fork(after_in_child=_reset_after_fork)
+atexit.register(_close_all)
