@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from dataflow.errors import ConfigError, FormatError
+from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
 from dataflow.loading.mixing import Blend
 from dataflow.loading.plan import BatchPlan, LoaderState, rank_world
@@ -50,6 +51,8 @@ class StreamingDataset(IterableDataset):
         decode_once: zstd shards (Arrow and tar) are decompressed once per machine into the cache and
             memory-mapped by every worker and rank (they share its pages); False decompresses in each
             process instead.
+        first_contact_s: seconds the first read of a remote dataset (its manifest) may take in all, retries
+            included, before it is `UnreachableError` (default `$DATAFLOW_FIRST_CONTACT_S`, else 120).
 
     Iterated directly (or by torch's `DataLoader` with `num_workers=0`) it yields this rank's samples
     one at a time and tracks its position for `state_dict()`. Under torch's `DataLoader` with workers
@@ -61,7 +64,7 @@ class StreamingDataset(IterableDataset):
                  shuffle: bool = True, seed: int = 0, shuffle_window: int = 8, rank: int | None = None,
                  world_size: int | None = None, position_ids: bool = False, cache_dir: str | None = None,
                  cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None,
-                 decode_once: bool = True):
+                 decode_once: bool = True, first_contact_s: float | None = None):
         super().__init__()
         weights = None
         if isinstance(source, dict):
@@ -75,7 +78,8 @@ class StreamingDataset(IterableDataset):
         if isinstance(shuffle_window, bool) or not isinstance(shuffle_window, int) or shuffle_window < 1:
             raise ConfigError(f"shuffle_window must be a positive integer, got {shuffle_window!r}")
         self.paths = [str(p) for p in paths]
-        self.manifests: list[Manifest] = [read_manifest(p, storage_options) for p in self.paths]
+        with remote.first_contact(first_contact_s):
+            self.manifests: list[Manifest] = [read_manifest(p, storage_options) for p in self.paths]
         self.tokenizer: TokenizerMeta = self.manifests[0].tokenizer
         for p, m in zip(self.paths[1:], self.manifests[1:]):
             if (m.tokenizer.kind, m.tokenizer.vocab_size, m.tokenizer.sha256) != \
