@@ -17,13 +17,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import posixpath
 import random
 import threading
 import time
 from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import quote, unquote
 
 from dataflow import env
-from dataflow.errors import UnreachableError, cause
+from dataflow.errors import FormatError, UnreachableError, cause
 from dataflow.formats.remote_errors import chain
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,25 @@ def with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
             config.update(connect_timeout=connect, read_timeout=read)
             out["config_kwargs"] = config
     return out
+
+
+def shard_url(root: str, path: str) -> str:
+    """Where shard `path` (relative, as its manifest writes it) of the remote dataset `root` is. For http(s)
+    each segment is percent-quoted, so `#`, `?` and `%` are parts of a name, not of the URL's syntax. A
+    path that leaves the dataset once percent-decoded (`%2e%2e/x`: a server or proxy may decode it) is a
+    `FormatError`, before anything is requested."""
+    seen = path
+    for _ in range(4):  # `%252e` is `%2e` decoded once, `.` twice
+        parts = seen.replace("\\", "/").split("/")
+        if not seen or seen.startswith("/") or ".." in parts or ":" in parts[0]:
+            raise FormatError(f"{root}: shard path {path!r} leaves the dataset once percent-decoded ({seen!r}); "
+                              "the manifest is damaged or hostile (shard paths are relative and never hold '..')")
+        if unquote(seen) == seen:
+            break
+        seen = unquote(seen)
+    if root.split("://", 1)[0].lower() in ("http", "https"):
+        return root.rstrip("/") + "/" + "/".join(quote(part, safe="") for part in path.split("/"))
+    return posixpath.join(root.rstrip("/"), path)
 
 
 def transient(e: BaseException) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import fsspec
 
 from dataflow import env
-from dataflow.errors import CacheFullError, StorageError, cause
+from dataflow.errors import CacheFullError, FormatError, StorageError, cause
 from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
@@ -119,8 +119,14 @@ class Storage:
 
     # --- public -----------------------------------------------------------------------------------
     def url(self, shard: ShardInfo) -> str:
-        return posixpath.join(self.root.rstrip("/"), shard.path) if self.remote else \
-            os.path.join(self.root, shard.path)
+        """Where the shard is read from (as requested: quoted for http(s)); a path refused by
+        `remote.shard_url` is shown as the manifest has it (messages name it, reads refuse it)."""
+        if not self.remote:
+            return os.path.join(self.root, shard.path)
+        try:
+            return remote.shard_url(self.root, shard.path)
+        except FormatError:
+            return posixpath.join(self.root.rstrip("/"), shard.path)
 
     def local_path(self, shard: ShardInfo) -> str:
         """Blocking: a complete, verified local file of the shard. Remote shards stay in use (never
@@ -335,7 +341,7 @@ class Storage:
 
     def _download(self, shard: ShardInfo, path: str) -> None:
         fs, rroot = self._filesystem()
-        download_verified(fs, posixpath.join(rroot.rstrip("/"), shard.path), path, shard, self.url(shard),
+        download_verified(fs, remote.shard_url(rroot, shard.path), path, shard, self.url(shard),
                           self.retries, self.root, lambda e: self._full(shard, e))
         with self._mu:
             self.downloads += 1
