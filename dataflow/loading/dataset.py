@@ -22,7 +22,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
-from dataflow.loading.mixing import Blend
+from dataflow.loading.mixing import Blend, sources
 from dataflow.loading.plan import BatchPlan, LoaderState, rank_world
 from dataflow.loading.shards import OpenShard
 from dataflow.loading.shuffle import EpochOrder
@@ -66,18 +66,8 @@ class StreamingDataset(IterableDataset):
                  cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None,
                  decode_once: bool = True, first_contact_s: float | None = None):
         super().__init__()
-        weights = None
-        if isinstance(source, dict):
-            paths, weights = list(source), list(source.values())
-        else:
-            paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-        if not paths:
-            raise ConfigError("StreamingDataset needs at least one dataset path")
-        if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-            raise ConfigError(f"seq_len must be a positive integer or None, got {seq_len!r}")
-        if isinstance(shuffle_window, bool) or not isinstance(shuffle_window, int) or shuffle_window < 1:
-            raise ConfigError(f"shuffle_window must be a positive integer, got {shuffle_window!r}")
-        self.paths = [str(p) for p in paths]
+        _check_arguments(locals())
+        self.paths, weights = sources(source)
         with remote.first_contact(first_contact_s):
             self.manifests: list[Manifest] = [read_manifest(p, storage_options) for p in self.paths]
         self.tokenizer: TokenizerMeta = self.manifests[0].tokenizer
@@ -85,10 +75,10 @@ class StreamingDataset(IterableDataset):
             if (m.tokenizer.kind, m.tokenizer.vocab_size, m.tokenizer.sha256) != \
                     (self.tokenizer.kind, self.tokenizer.vocab_size, self.tokenizer.sha256):
                 raise ConfigError(f"{p} was tokenized with a different tokenizer than {self.paths[0]}")
-        self.seq_len = seq_len
-        self.shuffle, self.seed, self.shuffle_window = shuffle, int(seed), shuffle_window
-        self.rank_arg, self.world_arg = rank, world_size
-        self.position_ids, self.decode_once = position_ids, decode_once
+        self.seq_len = seq_len = None if seq_len is None else int(seq_len)  # numpy integers as Python's
+        self.shuffle, self.seed, self.shuffle_window = bool(shuffle), int(seed), int(shuffle_window)
+        self.rank_arg, self.world_arg = (None if v is None else int(v) for v in (rank, world_size))
+        self.position_ids, self.decode_once = bool(position_ids), bool(decode_once)
         self.storages = [Storage(p, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
                          for p in self.paths]
         self.shards: list[tuple[int, ShardInfo]] = [(i, s) for i, m in enumerate(self.manifests) for s in m.shards]
@@ -108,7 +98,7 @@ class StreamingDataset(IterableDataset):
             self.blend = None
         else:
             self.blend = Blend(weights)
-            self.streams = [np.flatnonzero(source_of == i) for i in range(len(paths))]
+            self.streams = [np.flatnonzero(source_of == i) for i in range(len(self.paths))]
             for path, stream, w in zip(self.paths, self.streams, self.blend.weights):
                 if w > 0 and self.counts[stream].sum() == 0:
                     raise ConfigError(f"{path} has no sample of seq_len {seq_len}; it cannot be mixed in")
@@ -403,6 +393,41 @@ class StreamingDataset(IterableDataset):
             yield sample
         if info is None:
             self.epoch, self.consumed = plan.epoch + 1, 0
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+_ARGUMENTS: dict[str, tuple[Any, str]] = {  # StreamingDataset's arguments: (acceptable?, what they must be)
+    "seq_len": (lambda v: v is None or _int(v) and v >= 1, "a positive integer or None"),
+    "shuffle": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
+    "seed": (lambda v: _int(v) and 0 <= v < 2**64, "an integer in [0, 2^64)"),
+    "shuffle_window": (lambda v: _int(v) and v >= 1, "a positive integer"),
+    "rank": (lambda v: v is None or _int(v) and v >= 0, "an integer >= 0, or None (torch.distributed's)"),
+    "world_size": (lambda v: v is None or _int(v) and v >= 1, "an integer >= 1, or None (torch.distributed's)"),
+    "position_ids": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
+    "cache_dir": (lambda v: v is None or isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
+                  "a folder, or None"),
+    "cache_limit": (lambda v: v is None or isinstance(v, str) or _int(v), "a size like '50GB', bytes, or 'none'"),
+    "storage_options": (lambda v: v is None or isinstance(v, dict), "a dict of fsspec options, or None"),
+    "decode_once": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
+    "first_contact_s": (lambda v: v is None or _number(v) and 0 < v < float("inf"), "a positive number, or None"),
+}
+
+
+def _check_arguments(given: dict[str, Any]) -> None:
+    """One `ConfigError` line for a StreamingDataset argument that cannot work, before any file is read."""
+    for name, (acceptable, want) in _ARGUMENTS.items():
+        if not acceptable(given[name]):
+            raise ConfigError(f"StreamingDataset: {name} must be {want}, got {given[name]!r}")
+    rank, world = given["rank"], given["world_size"]
+    if rank is not None and world is not None and rank >= world:
+        raise ConfigError(f"StreamingDataset: rank {rank} is outside world_size {world} (ranks are 0 to {world - 1})")
 
 
 def _positions(boundaries: np.ndarray, length: int) -> np.ndarray:

@@ -269,7 +269,7 @@ class WorkerPool:
                     break
                 self._ended(w, b)
             if self.timeout and waited >= self.timeout:
-                raise DataflowError(f"loader worker {w} produced no batch in {self.timeout} s")
+                raise DataflowError(f"loader worker {w} produced no batch in {self.timeout:g} s")
         slot = int(self._fills[w][k % self.per_worker])
         row = self._table[slot]
         if row[_STATE] != FILLED or row[_JOB] != job or row[_BATCH] != b:
@@ -306,7 +306,7 @@ class WorkerPool:
                 if job == self._running[w]:
                     self._running[w] = 0
             elif deadline is not None and time.monotonic() > deadline:
-                raise DataflowError(f"loader worker {w} did not stop its previous job in {self.timeout} s")
+                raise DataflowError(f"loader worker {w} did not stop its previous job in {self.timeout:g} s")
         shared = self.shared[w]
         while shared.ready.acquire(False):
             pass
