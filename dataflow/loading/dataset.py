@@ -26,8 +26,8 @@ from dataflow.loading.mixing import Blend, sources
 from dataflow.loading.plan import BatchPlan, LoaderState, rank_world
 from dataflow.loading.shards import OpenShard
 from dataflow.loading.shuffle import EpochOrder
-from dataflow.loading.cache import CacheUnwritable
-from dataflow.loading.storage import Storage, prefetch_shards, usable_decoding, warn_decoding_here
+from dataflow.loading import decoded as decoded_mod
+from dataflow.loading.storage import Storage, prefetch_shards
 
 
 class StreamingDataset(IterableDataset):
@@ -106,7 +106,7 @@ class StreamingDataset(IterableDataset):
         # per source: (format, token itemsize) when its zstd shards are decoded once per machine, else None
         self._decoded = [(m.format, np.dtype(m.dtype).itemsize) if decode_once and m.compression == "zstd" else None
                          for m in self.manifests]
-        self._decoded = usable_decoding(self.storages, self._decoded)  # a read-only cache: decode here
+        self._decoded = decoded_mod.usable(self.storages, self._decoded)  # a read-only cache: decode here
         self.fingerprint = self._fingerprint()
         self.epoch = 0
         self.consumed = 0  # global samples of this epoch already served; advanced only by an iterator
@@ -190,17 +190,10 @@ class StreamingDataset(IterableDataset):
         epoch = self.epoch if epoch is None else epoch
         if self.blend is None:
             return self._locate_in(0, epoch, ids)
-        source, n = self.blend.locate(epoch * self.num_samples + ids)
         shards, within = np.empty_like(ids), np.empty_like(ids)
-        for s in np.unique(source).tolist():
-            sel = source == s
-            total = int(self.counts[self.streams[s]].sum())
-            epochs, g = np.divmod(n[sel], total)
-            for e in np.unique(epochs).tolist():
-                sub = epochs == e
-                k, j = self._locate_in(s, e, g[sub])
-                idx = np.flatnonzero(sel)[sub]
-                shards[idx], within[idx] = k, j
+        totals = [int(self.counts[stream].sum()) for stream in self.streams]
+        for s, e, g, idx in self.blend.split(epoch * self.num_samples + ids, totals):
+            shards[idx], within[idx] = self._locate_in(s, e, g)
         return shards, within
 
     def _locate_in(self, stream: int, epoch: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -233,16 +226,9 @@ class StreamingDataset(IterableDataset):
             t0 = time.perf_counter()
             src, info = self.shards[k]
             m, storage = self.manifests[src], self.storages[src]
-            decoded = self._decoded[src]
             t_decode = time.perf_counter()
-            try:
-                path = storage.decoded_path(info, *decoded) if decoded else storage.local_path(info)
-            except CacheUnwritable as e:  # the cache became unwritable since: a local source decodes here
-                if storage.remote:
-                    raise
-                warn_decoding_here([storage.root], storage.cache_dir, e.reason)
-                self._decoded[src] = decoded = None
-                path = storage.local_path(info)
+            path, decoded = decoded_mod.path_to_read(storage, info, self._decoded[src])
+            self._decoded[src] = decoded  # None from now on if the cache became unwritable
             waited = time.perf_counter() - t_decode if decoded else 0.0
             self._decode_wait_s += waited
             shard = self._open[k] = OpenShard(path, m.format, info, m.tokenizer.vocab_size, m.dtype,

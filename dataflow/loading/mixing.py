@@ -10,7 +10,7 @@ resume, whatever the position.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -73,6 +73,17 @@ class Blend:
         p, r = np.divmod(m, self.period)
         source = self.order[r]
         return source, p * self.quota[source] + self.index[r]
+
+    def split(self, m: np.ndarray, totals: list[int]) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """Mixed sample ids `m` by (source, that source's epoch): (source, epoch, sample ids within that
+        epoch of the source, positions in `m`), each source going through epochs of `totals[source]` samples."""
+        source, n = self.locate(m)
+        for s in np.unique(source).tolist():
+            sel = np.flatnonzero(source == s)
+            epochs, g = np.divmod(n[sel], totals[s])
+            for e in np.unique(epochs).tolist():
+                sub = epochs == e
+                yield s, e, g[sub], sel[sub]
 
 
 def _round_to_total(x: np.ndarray, total: int) -> np.ndarray:

@@ -379,33 +379,6 @@ def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]]
         storages[src].prefetch(infos, decode=decode[src])
 
 
-def usable_decoding(storages: list[Storage], decode: list[tuple[str, int] | None]) -> list[tuple[str, int] | None]:
-    """`decode` (per source: decode its zstd shards once per machine into the cache, or None), with None for
-    the local sources whose cache folder cannot be written: those are decoded in each process, said once.
-    A remote source needs its cache: one that cannot be written is raised (one line naming DATAFLOW_CACHE)."""
-    out, fallen = list(decode), []
-    for i, storage in enumerate(storages):
-        if not (storage.remote or decode[i]):
-            continue
-        problem = storage.cache_problem()
-        if problem is None:
-            continue
-        if storage.remote:
-            raise cache.unusable(storage.cache_dir, problem) from cause(problem)
-        out[i] = None
-        fallen.append((storage, problem))
-    if fallen:
-        storage, problem = fallen[0]
-        warn_decoding_here([s.root for s, _ in fallen], storage.cache_dir, problem.strerror or str(problem))
-    return out
-
-
-def warn_decoding_here(roots: list[str], cache_dir: str, why: str) -> None:
-    log.warning("%s: the shard cache %s cannot be written (%s); decoding zstd shards in each loader process instead "
-                "(more memory and CPU): set DATAFLOW_CACHE to a writable folder to decode them once per machine",
-                ", ".join(roots), cache_dir, why)
-
-
 def _reset_after_fork() -> None:
     """A forked child (a DataLoader worker) starts afresh: its parent's threads do not exist in it and
     `cache` has already closed the inherited lock fds."""
