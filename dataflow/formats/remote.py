@@ -67,6 +67,8 @@ def with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
     connect, read = (CONNECT_TIMEOUT_S, read_timeout_s()) if left is None else \
         (min(CONNECT_TIMEOUT_S, left), min(read_timeout_s(), left))
+    if left is not None:  # timeouts made for this moment: no cached filesystem (and session) per value
+        out.setdefault("skip_instance_cache", True)
     if protocol in ("http", "https"):
         client = dict(out.get("client_kwargs") or {})
         if "timeout" not in client:

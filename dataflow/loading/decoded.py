@@ -21,6 +21,7 @@ from typing import Any, Callable
 from dataflow.errors import FormatError, cause
 from dataflow.formats.arrow import decode_arrow_shard
 from dataflow.formats.manifest import ShardInfo
+from dataflow.formats.remote_errors import chain
 from dataflow.formats.tar import decode_tar_stream, tar_size_bound
 from dataflow.loading import cache
 from dataflow.memory import release_freed_memory
@@ -117,14 +118,7 @@ def path_to_read(storage: Any, shard: ShardInfo, decode: tuple[str, int] | None)
 
 def _disk_full(e: BaseException) -> OSError | None:
     """The ENOSPC/EDQUOT behind `e` (raised, or being handled, when it was raised), if there is one."""
-    seen: set[int] = set()
-    err: BaseException | None = e
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in cache.DISK_FULL:
-            return err
-        err = err.__cause__ or err.__context__
-    return None
+    return next((err for err in chain(e) if isinstance(err, OSError) and err.errno in cache.DISK_FULL), None)
 
 
 def _sha256(path: str) -> str:
