@@ -5,47 +5,102 @@ answers would hang a training job. `with_timeouts` adds connect and read timeout
 unless the caller's `storage_options` already say something about them (`DATAFLOW_READ_TIMEOUT_S`,
 default 60 s, sets the read timeout). Transient failures (5xx/408/429, resets, timeouts) are retried
 with jittered exponential backoff; others are raised at once.
+
+A dataset's first contact (its manifest, `with_retries`) has a budget for all its attempts together
+(`DATAFLOW_FIRST_CONTACT_S`, default 120 s, or `first_contact(seconds)`): a server that says nothing is
+warned about once a read timeout has passed, and is an `UnreachableError` when the budget is spent,
+whatever the backend does inside an attempt. Shard downloads keep the per-read timeouts and retries.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
+import posixpath
 import random
+import threading
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import quote, unquote
 
 from dataflow import env
+from dataflow.errors import FormatError, UnreachableError, cause
+from dataflow.formats.remote_errors import chain
 
 log = logging.getLogger(__name__)
 
 RETRIES = 5  # attempts per read
 BACKOFF_S = 0.2  # first retry delay; doubles each attempt (with jitter), capped at 10 s
 CONNECT_TIMEOUT_S = 30.0
+FIRST_CONTACT_S = 120.0  # default budget of a dataset's first contact, all attempts together
 T = TypeVar("T")
+_budget: contextvars.ContextVar[float | None] = contextvars.ContextVar("first_contact_budget", default=None)
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("first_contact_deadline", default=None)
 
 
 def read_timeout_s() -> float:
     return env.number("DATAFLOW_READ_TIMEOUT_S", 60.0, minimum=0.001)
 
 
+def first_contact_s() -> float:
+    """Seconds a dataset's first contact may take in all: `first_contact(...)`'s, else DATAFLOW_FIRST_CONTACT_S."""
+    chosen = _budget.get()
+    return chosen if chosen is not None else env.number("DATAFLOW_FIRST_CONTACT_S", FIRST_CONTACT_S, minimum=0.001)
+
+
+@contextlib.contextmanager
+def first_contact(seconds: float | None) -> Iterator[None]:
+    """Within this block, `with_retries` gives up after `seconds` in all (None: DATAFLOW_FIRST_CONTACT_S)."""
+    token = _budget.set(seconds)
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
 def with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     """`options` plus default connect/read timeouts for `url`'s backend, unless they set their own."""
     out = dict(options or {})
     protocol = url.split("://", 1)[0].lower() if "://" in url else "file"
+    deadline = _deadline.get()  # within a first contact: no request outlives its budget
+    left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+    connect, read = (CONNECT_TIMEOUT_S, read_timeout_s()) if left is None else \
+        (min(CONNECT_TIMEOUT_S, left), min(read_timeout_s(), left))
+    if left is not None:  # timeouts made for this moment: no cached filesystem (and session) per value
+        out.setdefault("skip_instance_cache", True)
     if protocol in ("http", "https"):
         client = dict(out.get("client_kwargs") or {})
         if "timeout" not in client:
             import aiohttp
 
-            client["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
-                                                      sock_read=read_timeout_s())
+            client["timeout"] = aiohttp.ClientTimeout(total=left, sock_connect=connect, sock_read=read)
             out["client_kwargs"] = client
     elif protocol in ("s3", "s3a"):
         config = dict(out.get("config_kwargs") or {})
         if "read_timeout" not in config and "connect_timeout" not in config:
-            config.update(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=read_timeout_s())
+            config.update(connect_timeout=connect, read_timeout=read)
             out["config_kwargs"] = config
     return out
+
+
+def shard_url(root: str, path: str) -> str:
+    """Where shard `path` (relative, as its manifest writes it) of the remote dataset `root` is. For http(s)
+    each segment is percent-quoted, so `#`, `?` and `%` are parts of a name, not of the URL's syntax. A
+    path that leaves the dataset once percent-decoded (`%2e%2e/x`: a server or proxy may decode it) is a
+    `FormatError`, before anything is requested."""
+    seen = path
+    for _ in range(4):  # `%252e` is `%2e` decoded once, `.` twice
+        parts = seen.replace("\\", "/").split("/")
+        if not seen or seen.startswith("/") or ".." in parts or ":" in parts[0]:
+            raise FormatError(f"{root}: shard path {path!r} leaves the dataset once percent-decoded ({seen!r}); "
+                              "the manifest is damaged or hostile (shard paths are relative and never hold '..')")
+        if unquote(seen) == seen:
+            break
+        seen = unquote(seen)
+    if root.split("://", 1)[0].lower() in ("http", "https"):
+        return root.rstrip("/") + "/" + "/".join(quote(part, safe="") for part in path.split("/"))
+    return posixpath.join(root.rstrip("/"), path)
 
 
 def transient(e: BaseException) -> bool:
@@ -80,20 +135,73 @@ def describe(e: BaseException) -> str:
     return f"HTTP {s}: {text}" if s is not None and str(s) not in text else text
 
 
-def backoff(url: str, attempt: int, e: BaseException, level: int = logging.WARNING) -> None:
-    """Sleep before attempt `attempt + 1`, saying why (at `level`)."""
-    delay = min(BACKOFF_S * 2 ** (attempt - 1), 10.0) * (0.5 + random.random())
+def backoff(url: str, attempt: int, e: BaseException, level: int = logging.WARNING, cap: float = 10.0) -> None:
+    """Sleep before attempt `attempt + 1` (at most `cap` seconds), saying why (at `level`)."""
+    delay = min(min(BACKOFF_S * 2 ** (attempt - 1), 10.0) * (0.5 + random.random()), cap)
     log.log(level, "%s: attempt %d failed (%s); retrying in %.1fs", url, attempt, describe(e), delay)
     time.sleep(delay)
 
 
 def with_retries(url: str, read: Callable[[], T], retries: int = RETRIES) -> T:
-    """`read()`, retried on transient failures; the last failure is raised as it came."""
-    for attempt in range(1, retries + 1):
-        try:
-            return read()
-        except Exception as e:
-            if attempt == retries or not transient(e):
+    """`read()` (a dataset's first contact), retried on transient failures within the first-contact budget;
+    the last failure is raised as it came, a budget spent waiting is `UnreachableError`."""
+    budget = first_contact_s()
+    deadline = time.monotonic() + budget
+    token = _deadline.set(deadline)
+    warned = [False]
+    try:
+        for attempt in range(1, retries + 1):
+            try:
+                return _before(url, read, deadline, budget, warned)
+            except UnreachableError:
                 raise
-            backoff(url, attempt, e, logging.INFO)  # a short read: the final error says enough
-    raise AssertionError("unreachable")
+            except Exception as e:
+                left = deadline - time.monotonic()
+                if left <= 0 and _timed_out(e):
+                    raise _spent(url, budget) from cause(e)
+                if attempt == retries or not transient(e) or left <= 0:
+                    raise
+                loud = _timed_out(e) and not warned[0]  # a server's first silence is said out loud, once
+                warned[0] = warned[0] or loud
+                backoff(url, attempt, e, logging.WARNING if loud else logging.INFO, cap=left)
+        raise AssertionError("unreachable")
+    finally:
+        _deadline.reset(token)
+
+
+def _before(url: str, read: Callable[[], T], deadline: float, budget: float, warned: list[bool]) -> T:
+    """`read()` in a helper thread, waited for until `deadline` (warning once when a read timeout has passed
+    in silence): a backend that retries or waits inside one call cannot overrun the budget."""
+    box: dict[str, Any] = {}
+    context = contextvars.copy_context()  # the deadline, for `with_timeouts` inside `read`
+
+    def run() -> None:
+        try:
+            box["value"] = context.run(read)
+        except BaseException as e:  # handed to the waiting thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name="dataflow-first-contact", daemon=True)
+    thread.start()
+    first = min(read_timeout_s(), max(deadline - time.monotonic(), 0.0))
+    thread.join(first)
+    if thread.is_alive() and not warned[0] and deadline > time.monotonic():
+        warned[0] = True
+        log.warning("%s: no answer in %.3g s; waiting up to %g s in all (DATAFLOW_FIRST_CONTACT_S)", url,
+                    first, budget)
+    thread.join(max(deadline - time.monotonic(), 0.0))
+    if thread.is_alive():  # left behind: its own timeouts end it, its answer is not awaited
+        raise _spent(url, budget)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _spent(url: str, budget: float) -> UnreachableError:
+    return UnreachableError(f"{url}: no answer in {budget:g} s, the budget of a dataset's first contact; check the "
+                            "URL, the network and the server, or raise DATAFLOW_FIRST_CONTACT_S (or first_contact_s=)")
+
+
+def _timed_out(e: BaseException) -> bool:
+    """Whether `e` (or what caused it) is a timeout: a server that stays silent."""
+    return any(isinstance(err, TimeoutError) or "Timeout" in type(err).__name__ for err in chain(e))

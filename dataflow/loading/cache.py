@@ -2,8 +2,8 @@
 
 Layout: `<cache_dir>/<16 hex: the dataset URL>/<folders of the shard path>/<sha256[:16]>-<name>` is a
 complete, verified shard (an *entry*); beside it, `<entry>.part-<pid>-<thread>-<bytes>` is a download in
-progress, and `<entry>.inuse` / `<entry>.dl` are lock files (empty; never deleted, as deleting a lock
-file races with processes about to lock it). `<entry>.ok` stamps the very file a download verified
+progress, and `<entry>.inuse` / `<entry>.dl` are lock files (empty; deleted by whoever releases one that
+nobody else holds, see below). `<entry>.ok` stamps the very file a download verified
 (device, inode, size): an entry without a matching stamp is hashed again before it is served.
 `<entry>.decoded.arrow` is a zstd shard's uncompressed copy (`decoded.py`), an entry like the others.
 
@@ -11,6 +11,9 @@ Protocol (flock, so it holds between threads of a process as between processes):
 - `.dl`, exclusive: the one download of an entry; the others wait for it, then find the entry there.
 - `.inuse`, shared while a reader uses the entry (taken before checking the entry exists). The evictor
   deletes an entry only with an exclusive `.inuse` lock taken without waiting: never one in use.
+- A lock file is deleted only under an exclusive lock on it, and `lock` checks after locking that the path
+  still names the file it locked (else it locks the new one): so a lock taken on a file being deleted is
+  never trusted, and lock files do not pile up once nothing uses them (`release`).
 - LRU: an entry's mtime is its last access (`touch`). `evict` deletes least recently used entries until
   the incoming bytes fit; what is in use stays, so the cache exceeds the limit by at most that.
 
@@ -20,6 +23,7 @@ keeps a lock held for as long as the child lives: every lock fd is tracked and c
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import hashlib
@@ -30,6 +34,7 @@ import threading
 import time
 
 from dataflow import env
+from dataflow.errors import CacheFullError, ConfigError, DataflowError, cause
 from dataflow.units import parse_size
 
 _TAG = re.compile(r"[0-9a-f]{16}")
@@ -40,23 +45,59 @@ _LOCK_SUFFIXES = (".inuse", ".dl", ".ok")  # lock files, and the stamp of a veri
 _fds: set[int] = set()  # every lock fd this process holds open
 _fds_mu = threading.Lock()
 DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or an exhausted quota: waiting or retrying frees nothing
+
+
+class CacheUnwritable(ConfigError):
+    """The cache folder cannot be made or written: read-only, no permission, a file in its way."""
+
+    reason = ""  # what the system said
+
+
+def unusable(folder: str, e: OSError) -> DataflowError:
+    """The one-line error for a cache folder that cannot be written (`e`: what the system said)."""
+    why = e.strerror or str(e)
+    if e.errno in DISK_FULL:
+        return CacheFullError(f"{folder}: the disk of the shard cache is full ({why}); free space, lower cache_limit "
+                              f"(DATAFLOW_CACHE_LIMIT) or set DATAFLOW_CACHE to a larger disk")
+    err = CacheUnwritable(f"{folder}: the shard cache cannot be written here ({why}); set DATAFLOW_CACHE (or "
+                          f"cache_dir=) to a writable folder")
+    err.reason = why
+    return err
+
+
+def check_writable(folder: str) -> OSError | None:
+    """None when files can be made in `folder` (made if needed), else the error that says why not."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".probe-{os.getpid()}-{threading.get_ident()}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
+        os.remove(probe)
+    except OSError as e:
+        return e
+    return None
 
 
 def lock(path: str, op: int) -> int | None:
-    """An fd of lock file `path` (created if needed) holding flock `op`; None when LOCK_NB finds it taken."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with _fds_mu:  # so that a fork never sees an fd opened but not yet tracked
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        _fds.add(fd)
-    try:
-        fcntl.flock(fd, op)
-    except BlockingIOError:
-        unlock(fd)
-        return None
-    except BaseException:
-        unlock(fd)
-        raise
-    return fd
+    """An fd of lock file `path` (created if needed) holding flock `op`; None when LOCK_NB finds it taken.
+    A folder where it cannot be made is `CacheUnwritable` (or `CacheFullError`), not a raw OSError."""
+    while True:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = _open(path, os.O_CREAT)
+        except OSError as e:
+            raise unusable(os.path.dirname(path), e) from cause(e)
+        try:
+            fcntl.flock(fd, op)
+        except BlockingIOError:
+            unlock(fd)
+            return None
+        except BaseException:
+            unlock(fd)
+            raise
+        if _names(path, fd):
+            return fd
+        unlock(fd)  # locked a file that `release` deleted meanwhile: lock the one there now
 
 
 def unlock(fd: int) -> None:
@@ -64,6 +105,39 @@ def unlock(fd: int) -> None:
     with _fds_mu:
         _fds.discard(fd)
         os.close(fd)
+
+
+def release(fd: int, path: str) -> None:
+    """Unlock `fd` (a lock on `path`), then delete the lock file if nobody else holds or takes it now."""
+    unlock(fd)
+    try:
+        fd = _open(path, 0)
+    except OSError:  # already gone (another releaser tidied it)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _names(path, fd):
+            os.remove(path)  # under its exclusive lock: a waiter on it finds it gone and locks a new one
+    except OSError:  # held by someone (BlockingIOError), or removed meanwhile
+        pass
+    finally:
+        unlock(fd)
+
+
+def _open(path: str, create: int) -> int:
+    with _fds_mu:  # so that a fork never sees an fd opened but not yet tracked
+        fd = os.open(path, os.O_RDWR | create | os.O_CLOEXEC, 0o666)
+        _fds.add(fd)
+    return fd
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd` (a lock file may be deleted by `release`)."""
+    try:
+        st, held = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _close_inherited() -> None:
@@ -179,6 +253,7 @@ def _delete_if_free(lock_path: str, path: str) -> bool:
     except FileNotFoundError:
         return False
     finally:
+        remove(lock_path)  # under its exclusive lock (see `release`): the entry is gone, so is its lock
         unlock(fd)
 
 
@@ -189,7 +264,7 @@ def _scan(cache_dir: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, s
     total = 0
     try:
         tags = [d.path for d in os.scandir(cache_dir) if d.is_dir() and _TAG.fullmatch(d.name)]
-    except FileNotFoundError:
+    except OSError:  # not made yet, or not a folder we can read: it holds nothing of ours
         return entries, partials, total
     for tag in tags:
         for folder, _, names in os.walk(tag):

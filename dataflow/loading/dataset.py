@@ -20,11 +20,13 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from dataflow.errors import ConfigError, FormatError
+from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
-from dataflow.loading.mixing import Blend
+from dataflow.loading.mixing import Blend, sources
 from dataflow.loading.plan import BatchPlan, LoaderState, rank_world
 from dataflow.loading.shards import OpenShard
 from dataflow.loading.shuffle import EpochOrder
+from dataflow.loading import decoded as decoded_mod
 from dataflow.loading.storage import Storage, prefetch_shards
 
 
@@ -49,6 +51,8 @@ class StreamingDataset(IterableDataset):
         decode_once: zstd shards (Arrow and tar) are decompressed once per machine into the cache and
             memory-mapped by every worker and rank (they share its pages); False decompresses in each
             process instead.
+        first_contact_s: seconds the first read of a remote dataset (its manifest) may take in all, retries
+            included, before it is `UnreachableError` (default `$DATAFLOW_FIRST_CONTACT_S`, else 120).
 
     Iterated directly (or by torch's `DataLoader` with `num_workers=0`) it yields this rank's samples
     one at a time and tracks its position for `state_dict()`. Under torch's `DataLoader` with workers
@@ -60,30 +64,21 @@ class StreamingDataset(IterableDataset):
                  shuffle: bool = True, seed: int = 0, shuffle_window: int = 8, rank: int | None = None,
                  world_size: int | None = None, position_ids: bool = False, cache_dir: str | None = None,
                  cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None,
-                 decode_once: bool = True):
+                 decode_once: bool = True, first_contact_s: float | None = None):
         super().__init__()
-        weights = None
-        if isinstance(source, dict):
-            paths, weights = list(source), list(source.values())
-        else:
-            paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-        if not paths:
-            raise ConfigError("StreamingDataset needs at least one dataset path")
-        if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-            raise ConfigError(f"seq_len must be a positive integer or None, got {seq_len!r}")
-        if isinstance(shuffle_window, bool) or not isinstance(shuffle_window, int) or shuffle_window < 1:
-            raise ConfigError(f"shuffle_window must be a positive integer, got {shuffle_window!r}")
-        self.paths = [str(p) for p in paths]
-        self.manifests: list[Manifest] = [read_manifest(p, storage_options) for p in self.paths]
+        _check_arguments(locals())
+        self.paths, weights = sources(source)
+        with remote.first_contact(first_contact_s):
+            self.manifests: list[Manifest] = [read_manifest(p, storage_options) for p in self.paths]
         self.tokenizer: TokenizerMeta = self.manifests[0].tokenizer
         for p, m in zip(self.paths[1:], self.manifests[1:]):
             if (m.tokenizer.kind, m.tokenizer.vocab_size, m.tokenizer.sha256) != \
                     (self.tokenizer.kind, self.tokenizer.vocab_size, self.tokenizer.sha256):
                 raise ConfigError(f"{p} was tokenized with a different tokenizer than {self.paths[0]}")
-        self.seq_len = seq_len
-        self.shuffle, self.seed, self.shuffle_window = shuffle, int(seed), shuffle_window
-        self.rank_arg, self.world_arg = rank, world_size
-        self.position_ids, self.decode_once = position_ids, decode_once
+        self.seq_len = seq_len = None if seq_len is None else int(seq_len)  # numpy integers as Python's
+        self.shuffle, self.seed, self.shuffle_window = bool(shuffle), int(seed), int(shuffle_window)
+        self.rank_arg, self.world_arg = (None if v is None else int(v) for v in (rank, world_size))
+        self.position_ids, self.decode_once = bool(position_ids), bool(decode_once)
         self.storages = [Storage(p, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
                          for p in self.paths]
         self.shards: list[tuple[int, ShardInfo]] = [(i, s) for i, m in enumerate(self.manifests) for s in m.shards]
@@ -103,7 +98,7 @@ class StreamingDataset(IterableDataset):
             self.blend = None
         else:
             self.blend = Blend(weights)
-            self.streams = [np.flatnonzero(source_of == i) for i in range(len(paths))]
+            self.streams = [np.flatnonzero(source_of == i) for i in range(len(self.paths))]
             for path, stream, w in zip(self.paths, self.streams, self.blend.weights):
                 if w > 0 and self.counts[stream].sum() == 0:
                     raise ConfigError(f"{path} has no sample of seq_len {seq_len}; it cannot be mixed in")
@@ -111,6 +106,7 @@ class StreamingDataset(IterableDataset):
         # per source: (format, token itemsize) when its zstd shards are decoded once per machine, else None
         self._decoded = [(m.format, np.dtype(m.dtype).itemsize) if decode_once and m.compression == "zstd" else None
                          for m in self.manifests]
+        self._decoded = decoded_mod.usable(self.storages, self._decoded)  # a read-only cache: decode here
         self.fingerprint = self._fingerprint()
         self.epoch = 0
         self.consumed = 0  # global samples of this epoch already served; advanced only by an iterator
@@ -194,17 +190,10 @@ class StreamingDataset(IterableDataset):
         epoch = self.epoch if epoch is None else epoch
         if self.blend is None:
             return self._locate_in(0, epoch, ids)
-        source, n = self.blend.locate(epoch * self.num_samples + ids)
         shards, within = np.empty_like(ids), np.empty_like(ids)
-        for s in np.unique(source).tolist():
-            sel = source == s
-            total = int(self.counts[self.streams[s]].sum())
-            epochs, g = np.divmod(n[sel], total)
-            for e in np.unique(epochs).tolist():
-                sub = epochs == e
-                k, j = self._locate_in(s, e, g[sub])
-                idx = np.flatnonzero(sel)[sub]
-                shards[idx], within[idx] = k, j
+        totals = [int(self.counts[stream].sum()) for stream in self.streams]
+        for s, e, g, idx in self.blend.split(epoch * self.num_samples + ids, totals):
+            shards[idx], within[idx] = self._locate_in(s, e, g)
         return shards, within
 
     def _locate_in(self, stream: int, epoch: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -237,9 +226,9 @@ class StreamingDataset(IterableDataset):
             t0 = time.perf_counter()
             src, info = self.shards[k]
             m, storage = self.manifests[src], self.storages[src]
-            decoded = self._decoded[src]
             t_decode = time.perf_counter()
-            path = storage.decoded_path(info, *decoded) if decoded else storage.local_path(info)
+            path, decoded = decoded_mod.path_to_read(storage, info, self._decoded[src])
+            self._decoded[src] = decoded  # None from now on if the cache became unwritable
             waited = time.perf_counter() - t_decode if decoded else 0.0
             self._decode_wait_s += waited
             shard = self._open[k] = OpenShard(path, m.format, info, m.tokenizer.vocab_size, m.dtype,
@@ -250,6 +239,14 @@ class StreamingDataset(IterableDataset):
                                   f"{info.tokens}; run `dataflow verify`")
             self._fetch_s += time.perf_counter() - t0 - waited
         return shard
+
+    def close(self, wait: bool = True) -> None:
+        """Let go of this process's open shards and cache locks now (the dataset stays usable: it opens
+        them again when read); `wait=False` does not wait for downloads ahead (a worker about to exit)."""
+        self._open.clear()
+        self._blocks_key, self._ahead_key = (), ()
+        for storage in self.storages:
+            storage.close(wait)
 
     def _close_shard(self, k: int) -> None:
         del self._open[k]
@@ -382,6 +379,41 @@ class StreamingDataset(IterableDataset):
             yield sample
         if info is None:
             self.epoch, self.consumed = plan.epoch + 1, 0
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+_ARGUMENTS: dict[str, tuple[Any, str]] = {  # StreamingDataset's arguments: (acceptable?, what they must be)
+    "seq_len": (lambda v: v is None or _int(v) and v >= 1, "a positive integer or None"),
+    "shuffle": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
+    "seed": (lambda v: _int(v) and 0 <= v < 2**64, "an integer in [0, 2^64)"),
+    "shuffle_window": (lambda v: _int(v) and v >= 1, "a positive integer"),
+    "rank": (lambda v: v is None or _int(v) and v >= 0, "an integer >= 0, or None (torch.distributed's)"),
+    "world_size": (lambda v: v is None or _int(v) and v >= 1, "an integer >= 1, or None (torch.distributed's)"),
+    "position_ids": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
+    "cache_dir": (lambda v: v is None or isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
+                  "a folder, or None"),
+    "cache_limit": (lambda v: v is None or isinstance(v, str) or _int(v), "a size like '50GB', bytes, or 'none'"),
+    "storage_options": (lambda v: v is None or isinstance(v, dict), "a dict of fsspec options, or None"),
+    "decode_once": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
+    "first_contact_s": (lambda v: v is None or _number(v) and 0 < v < float("inf"), "a positive number, or None"),
+}
+
+
+def _check_arguments(given: dict[str, Any]) -> None:
+    """One `ConfigError` line for a StreamingDataset argument that cannot work, before any file is read."""
+    for name, (acceptable, want) in _ARGUMENTS.items():
+        if not acceptable(given[name]):
+            raise ConfigError(f"StreamingDataset: {name} must be {want}, got {given[name]!r}")
+    rank, world = given["rank"], given["world_size"]
+    if rank is not None and world is not None and rank >= world:
+        raise ConfigError(f"StreamingDataset: rank {rank} is outside world_size {world} (ranks are 0 to {world - 1})")
 
 
 def _positions(boundaries: np.ndarray, length: int) -> np.ndarray:

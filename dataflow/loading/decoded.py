@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import time
-from typing import Callable
+from typing import Any, Callable
 
-from dataflow.errors import FormatError
+from dataflow.errors import FormatError, cause
 from dataflow.formats.arrow import decode_arrow_shard
 from dataflow.formats.manifest import ShardInfo
+from dataflow.formats.remote_errors import chain
 from dataflow.formats.tar import decode_tar_stream, tar_size_bound
 from dataflow.loading import cache
 from dataflow.memory import release_freed_memory
 
+log = logging.getLogger(__name__)
 FORMATS = ("arrow", "tar")  # zstd shards of these formats are decoded once per machine
 
 
@@ -39,8 +42,9 @@ def size_bound(shard: ShardInfo, fmt: str) -> int:
 def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Callable[[], str],
                 check_source: bool) -> float:
     """Make `path` the decoded copy of `shard` unless another process already has; returns the CPU
-    seconds this thread spent checking and decoding (0.0 when it found the copy made). `source()` gives the compressed file, held by the
-    caller; `check_source` hashes it first (a local file nobody has checked against the manifest)."""
+    seconds this thread spent checking and decoding (0.0 when it found the copy made). `source()` gives
+    the compressed file, held by the caller; `check_source` hashes it first (a local file nobody has
+    checked against the manifest). A full disk is the OSError (ENOSPC/EDQUOT), never a damaged shard."""
     fd = cache.lock(path + ".dl", fcntl.LOCK_EX)
     try:
         if os.path.exists(path):
@@ -53,17 +57,68 @@ def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Ca
             if check_source and _sha256(src) != shard.sha256:
                 raise FormatError(f"{src}: its sha256 does not match the manifest; the shard is damaged or was "
                                   "replaced: run `dataflow verify` on the dataset")
-            if fmt == "tar":
-                decode_tar_stream(src, tmp, shard, itemsize)
-            else:
-                decode_arrow_shard(src, tmp, shard.sha256)
+            try:
+                if fmt == "tar":
+                    decode_tar_stream(src, tmp, shard, itemsize)
+                else:
+                    decode_arrow_shard(src, tmp, shard.sha256)
+            except FormatError as e:  # the reader reports a failed write as a damaged shard
+                full = _disk_full(e)
+                if full is not None:
+                    raise full from None  # the caller says CacheFullError; the shard is sound
+                raise
             os.replace(tmp, path)
             return max(time.thread_time() - t0, 1e-9)
         finally:
             cache.remove(tmp)
             release_freed_memory()  # the decode's buffers: a worker must not grow by what it decoded
     finally:
-        cache.unlock(fd)
+        cache.release(fd, path + ".dl")
+
+
+def usable(storages: list[Any], decode: list[tuple[str, int] | None]) -> list[tuple[str, int] | None]:
+    """`decode` (per source: decode its zstd shards once per machine into the cache, or None), with None for
+    the local sources whose cache folder cannot be written: those are decoded in each process, said once.
+    A remote source needs its cache: one that cannot be written is raised (one line naming DATAFLOW_CACHE)."""
+    out, fallen = list(decode), []
+    for i, storage in enumerate(storages):
+        if not (storage.remote or decode[i]):
+            continue
+        problem = storage.cache_problem()
+        if problem is None:
+            continue
+        if storage.remote:
+            raise cache.unusable(storage.cache_dir, problem) from cause(problem)
+        out[i] = None
+        fallen.append((storage, problem))
+    if fallen:
+        storage, problem = fallen[0]
+        _warn_here([s.root for s, _ in fallen], storage.cache_dir, problem.strerror or str(problem))
+    return out
+
+
+def _warn_here(roots: list[str], cache_dir: str, why: str) -> None:
+    log.warning("%s: the shard cache %s cannot be written (%s); decoding zstd shards in each loader process instead "
+                "(more memory and CPU): set DATAFLOW_CACHE to a writable folder to decode them once per machine",
+                ", ".join(roots), cache_dir, why)
+
+
+def path_to_read(storage: Any, shard: ShardInfo, decode: tuple[str, int] | None) -> tuple[str, tuple | None]:
+    """(the file to read `shard` from, `decode` as it stands): its decoded copy when `decode` says so, held
+    until `storage.release`, else the shard itself. A local dataset whose cache became unwritable since
+    `usable` decodes in the process from then on (said once); a remote one cannot do without it."""
+    try:
+        return (storage.decoded_path(shard, *decode) if decode else storage.local_path(shard)), decode
+    except cache.CacheUnwritable as e:
+        if storage.remote or not decode:
+            raise
+        _warn_here([storage.root], storage.cache_dir, e.reason)
+        return storage.local_path(shard), None
+
+
+def _disk_full(e: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT behind `e` (raised, or being handled, when it was raised), if there is one."""
+    return next((err for err in chain(e) if isinstance(err, OSError) and err.errno in cache.DISK_FULL), None)
 
 
 def _sha256(path: str) -> str:

@@ -6,7 +6,6 @@ Transient failures (5xx, resets, timeouts, a damaged transfer) are retried with 
 
 from __future__ import annotations
 
-import errno
 import os
 from typing import Any, Callable
 
@@ -15,8 +14,7 @@ from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
 from dataflow.loading import cache
-
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no retry: waiting frees no space
+from dataflow.loading.cache import DISK_FULL  # no retry: waiting frees no space
 
 
 class _Corrupt(Exception):
@@ -58,8 +56,8 @@ def _retry_or_raise(url: str, e: Exception, attempt: int, retries: int, dataset:
                                                "credentials and storage_options")) from cause(e)
     if attempt == retries:
         if isinstance(e, _Corrupt):
-            raise FormatError(f"{url}: downloaded bytes do not match the manifest after {attempt} attempts ({e}); "
-                              f"the remote shard is damaged or was rewritten: run `dataflow verify {dataset}`") from None
+            raise FormatError(f"{url}: downloaded bytes do not match the manifest after {attempt} attempts ({e}); the "
+                              f"remote shard is damaged or was rewritten: run `dataflow verify {dataset}`") from None
         raise StorageError(f"{url}: download failed after {attempt} attempts ({remote.describe(e)}); check the "
                            "network and the server, then retry") from cause(e)
     remote.backoff(url, attempt, e)

@@ -24,13 +24,16 @@ Pipes carry only the rare messages: start a job, stop, and a worker's "job ended
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
 import multiprocessing.connection as mpc
 import os
 import pickle
+import signal
 import time
 import traceback
+import weakref
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterator
@@ -47,6 +50,7 @@ POLL_S = 0.05
 PARENT_CHECK_S = 1.0  # how often an idle worker checks that its parent is alive
 _JOB, _BATCH, _ROWS, _STATE, _STAGES = 0, 1, 2, 3, 4  # columns of the slot table; then its FIELDS
 FREE, FILLED, LENT = 0.0, 1.0, 2.0  # slot states
+_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()  # open pools, stopped at exit
 
 
 @dataclass
@@ -89,6 +93,10 @@ def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num
                 shared.ready.release()  # wakes the main process, which then finds the error
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         return
+    finally:  # a process ends without running finalizers: let go of its cache locks (and their files)
+        close = getattr(dataset, "close", None)
+        if close is not None:
+            close(wait=False)
 
 
 def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook, job: int,
@@ -130,7 +138,7 @@ class WorkerPool:
         self.num_workers, self.timeout = num_workers, timeout
         # each worker keeps `prefetch` batches ready while the consumer holds `held` (spread over workers)
         self.per_worker = prefetch + math.ceil(held / num_workers) + 1
-        self.ring = SlotRing(layout, self.per_worker * num_workers)
+        self.ring = SlotRing(layout, self.per_worker * num_workers, num_workers)
         if pin:
             self.ring.pin()
         ctx = tmp.get_context(context) if isinstance(context, str) or context is None else context
@@ -167,10 +175,33 @@ class WorkerPool:
         self._pid = os.getpid()
         self._running: list[int] = [0] * num_workers  # the job each worker has not yet reported ended
         self.stage_by_worker: list[dict[str, float]] = [{} for _ in range(num_workers)]
+        _POOLS.add(self)
 
     def healthy(self) -> bool:
         """All workers alive (a pool that lost one is replaced, not reused)."""
         return not self.closed and all(p.is_alive() for p in self.procs)
+
+    def death(self) -> WorkerDied | None:
+        """The error for the first worker found dead (one that died while the pool was idle), else None."""
+        for w, p in enumerate(self.procs):
+            if not p.is_alive():
+                return self._died(w, "between jobs")
+        return None
+
+    def _died(self, w: int, doing: str) -> WorkerDied:
+        """WorkerDied for worker w, naming it, its pid and how it ended (signal or exit code)."""
+        p = self.procs[w]
+        p.join(timeout=2.0)  # its pipes close as it exits, a moment before it can be reaped
+        how, hint = how_it_ended(p.exitcode)
+        return WorkerDied(f"loader worker {w} (pid {p.pid}) died {doing}: {how}; {hint}. The next iter() "
+                          f"starts new workers at the same position")
+
+    def _send(self, w: int, msg: tuple) -> None:
+        """A control message to worker w; a worker that is gone is WorkerDied, not a BrokenPipeError."""
+        try:
+            self.ctrl[w].send(msg)
+        except OSError:  # BrokenPipeError, ConnectionResetError: its end of the pipe is closed
+            raise self._died(w, "before its job started") from None
 
     def run(self, plan: BatchPlan) -> Iterator[dict[str, torch.Tensor]]:
         """Yield the plan's batches in order, as leased views of ring slots (or owned copies)."""
@@ -181,8 +212,8 @@ class WorkerPool:
         self.job += 1
         job = self.job
         self._control[0] = job
-        for w, c in enumerate(self.ctrl):
-            c.send(("run", job, plan))
+        for w in range(self.num_workers):
+            self._send(w, ("run", job, plan))
             self._running[w] = job
         taken = [0] * self.num_workers  # batches taken from each worker in this job
         try:
@@ -238,7 +269,7 @@ class WorkerPool:
                     break
                 self._ended(w, b)
             if self.timeout and waited >= self.timeout:
-                raise DataflowError(f"loader worker {w} produced no batch in {self.timeout} s")
+                raise DataflowError(f"loader worker {w} produced no batch in {self.timeout:g} s")
         slot = int(self._fills[w][k % self.per_worker])
         row = self._table[slot]
         if row[_STATE] != FILLED or row[_JOB] != job or row[_BATCH] != b:
@@ -260,15 +291,13 @@ class WorkerPool:
                     raise _restore(payload, text, w)
                 raise DataflowError(f"loader worker {w} ended its job before batch {b} (protocol error)")
         if not self.procs[w].is_alive():
-            raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code "
-                             f"{self.procs[w].exitcode} while producing batch {b}; killed or out of memory?")
+            raise self._died(w, f"while producing batch {b}")
 
     def _settle(self, w: int, deadline: float | None) -> None:
         """Before a new job: wait until worker w has left its last job, then free what it filled for it."""
         while self._running[w]:
             if not self.procs[w].is_alive():
-                raise WorkerDied(f"loader worker {w} (pid {self.procs[w].pid}) died with exit code "
-                                 f"{self.procs[w].exitcode}")
+                raise self._died(w, "between jobs")
             if self.results[w].poll(POLL_S):
                 try:
                     job, _, _ = self.results[w].recv()
@@ -277,7 +306,7 @@ class WorkerPool:
                 if job == self._running[w]:
                     self._running[w] = 0
             elif deadline is not None and time.monotonic() > deadline:
-                raise DataflowError(f"loader worker {w} did not stop its previous job in {self.timeout} s")
+                raise DataflowError(f"loader worker {w} did not stop its previous job in {self.timeout:g} s")
         shared = self.shared[w]
         while shared.ready.acquire(False):
             pass
@@ -307,6 +336,42 @@ class WorkerPool:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
+
+
+_SIGNAL_HINTS = {
+    signal.SIGKILL: "the kernel's out-of-memory killer sends SIGKILL: lower num_workers or shuffle_window, or "
+                    "give the job more memory",
+    signal.SIGBUS: "a bus error in a worker is most often /dev/shm running out: give the container more shared "
+                   "memory (Docker: --shm-size) or lower num_workers, held_batches or batch_size",
+    signal.SIGSEGV: "a crash in native code: please report it with the versions of torch and pyarrow",
+}
+
+
+def _stop_all() -> None:
+    """At exit, stop open pools' workers the orderly way (before multiprocessing terminates them): they
+    let go of their cache locks as they leave."""
+    for pool in list(_POOLS):
+        if not pool.closed:
+            try:
+                pool.close()
+            except Exception:
+                pass
+
+
+atexit.register(_stop_all)  # runs before multiprocessing's own exit handler (registered earlier)
+
+
+def how_it_ended(exitcode: int | None) -> tuple[str, str]:
+    """(how a worker ended, what to do about it) from its exit code (negative: the signal that killed it)."""
+    if exitcode is None:
+        return "it closed its pipes but is still running", "it is being stopped; retry"
+    if exitcode < 0:
+        try:
+            sig = signal.Signals(-exitcode)
+        except ValueError:
+            return f"killed by signal {-exitcode}", "killed by another process or out of memory?"
+        return f"killed by {sig.name}", _SIGNAL_HINTS.get(sig, "killed by another process?")
+    return f"exited with code {exitcode}", "see the worker's output above for why"
 
 
 def _restore(payload: bytes | None, text: str, worker: int) -> BaseException:

@@ -17,11 +17,12 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError, DataflowError, WorkerDied, cause
 from dataflow.loading.dataset import StreamingDataset
-from dataflow.loading.handoff import WorkerPool
+from dataflow.loading.handoff import WorkerPool, how_it_ended
 from dataflow.loading.plan import BatchPlan
 from dataflow.loading.stages import STAGES, TOTALS, BatchTiming, Hook, add_batch, add_seconds, track_name
 
@@ -43,6 +44,65 @@ class _Documents(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         for b in range(worker, self.plan.num_batches, workers):
             yield self.dataset.documents(self.plan.sample_ids(b), self.plan.epoch)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _flag(v: Any) -> bool:
+    return isinstance(v, (bool, np.bool_))
+
+
+_ARGUMENTS: dict[str, tuple[Any, str]] = {  # StreamingDataLoader's arguments: (acceptable?, what they must be)
+    "batch_size": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    "num_workers": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
+    "drop_last": (_flag, "True or False"),
+    "pin_memory": (_flag, "True or False"),
+    "persistent_workers": (_flag, "True or False"),
+    "prefetch_factor": (lambda v: v is None or _int(v) and v >= 1, "an integer >= 1, or None (2)"),
+    "timeout": (lambda v: (_int(v) or isinstance(v, (float, np.floating))) and 0 <= v < float("inf"),
+                "a number of seconds >= 0 (0: no limit)"),
+    "multiprocessing_context": (lambda v: v is None or hasattr(v, "Process") or v in tmp.get_all_start_methods(),
+                                f"one of {tmp.get_all_start_methods()}, a multiprocessing context, or None"),
+    "cycle": (_flag, "True or False"),
+    "held_batches": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
+    "stage_hook": (lambda v: v is None or callable(v), "a callable taking a BatchTiming, or None"),
+}
+
+
+def _check_arguments(given: dict[str, Any]) -> None:
+    """One `ConfigError` line for a StreamingDataLoader argument that cannot work."""
+    for name, (acceptable, want) in _ARGUMENTS.items():
+        if not acceptable(given[name]):
+            raise ConfigError(f"StreamingDataLoader: {name} must be {want}, got {given[name]!r}")
+
+
+def _torch_workers(loader: DataLoader) -> Iterator[dict[str, Any]]:
+    """torch's DataLoader's batches, with a dead worker reported as `WorkerDied` (torch raises a RuntimeError)."""
+    it = iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except RuntimeError as e:
+            if not str(e).startswith("DataLoader worker"):
+                raise
+            raise _torch_worker_died(it, e) from cause(e)
+        yield batch
+
+
+def _torch_worker_died(it: Any, e: RuntimeError) -> WorkerDied:
+    """WorkerDied naming the first dead worker of torch's DataLoader iterator `it` and how it ended."""
+    workers = list(getattr(it, "_workers", []))  # torch's own list of its worker processes
+    for w, p in enumerate(workers):
+        if p.exitcode not in (None, 0):
+            how, hint = how_it_ended(p.exitcode)
+            return WorkerDied(f"loader worker {w} (pid {p.pid}) died while producing whole-document batches: "
+                              f"{how}; {hint}. The next iter() starts new workers at the same position")
+    return WorkerDied(f"loader {str(e).strip()[len('DataLoader '):].rstrip('. ')}; killed by another process or "
+                      "out of memory? The next iter() starts new workers at the same position")
 
 
 class StreamingDataLoader:
@@ -67,21 +127,17 @@ class StreamingDataLoader:
                  prefetch_factor: int | None = None, timeout: float = 0, multiprocessing_context: Any = None,
                  cycle: bool = False, held_batches: int = 4, stage_hook: Hook = None):
         if not isinstance(dataset, StreamingDataset):
-            raise ConfigError("StreamingDataLoader takes a StreamingDataset")
-        for name, value, low in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
-                                 ("prefetch_factor", prefetch_factor or 2, 1), ("held_batches", held_batches, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not timeout >= 0:
-            raise ConfigError(f"timeout must be >= 0 seconds, got {timeout!r}")
-        self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
-        self.drop_last, self.pin_memory, self.persistent_workers = drop_last, pin_memory, persistent_workers
-        self.prefetch_factor = prefetch_factor or 2
-        self.timeout, self.context = timeout, multiprocessing_context
-        self.cycle, self.held_batches, self.stage_hook = cycle, held_batches, stage_hook
+            raise ConfigError(f"StreamingDataLoader takes a StreamingDataset, got {type(dataset).__name__}")
+        _check_arguments(locals())
+        self.dataset, self.batch_size, self.num_workers = dataset, int(batch_size), int(num_workers)
+        self.drop_last, self.pin_memory = bool(drop_last), bool(pin_memory)
+        self.persistent_workers, self.cycle = bool(persistent_workers), bool(cycle)
+        self.prefetch_factor = 2 if prefetch_factor is None else int(prefetch_factor)
+        self.timeout, self.context = float(timeout), multiprocessing_context
+        self.held_batches, self.stage_hook = int(held_batches), stage_hook
         if len(self) == 0:
             raise ConfigError(f"{dataset.paths[0]}: {len(dataset)} samples per rank and epoch, fewer than one batch "
-                              f"of {batch_size}; lower batch_size or pass drop_last=False")
+                              f"of {self.batch_size}; lower batch_size or pass drop_last=False")
         self._pool: WorkerPool | None = None
         self._generation = 0  # the newest iterator; an older one raises if it is resumed
         self._batches = 0
@@ -143,13 +199,17 @@ class StreamingDataLoader:
         if ds.seq_len is None:
             if self.num_workers == 0:
                 return (ds.documents(plan.sample_ids(b), plan.epoch) for b in range(plan.num_batches))
-            return iter(DataLoader(_Documents(ds, plan), batch_size=None, num_workers=self.num_workers,
-                                   pin_memory=self.pin_memory, timeout=self.timeout,
-                                   prefetch_factor=self.prefetch_factor, multiprocessing_context=self.context))
+            return _torch_workers(DataLoader(_Documents(ds, plan), batch_size=None, num_workers=self.num_workers,
+                                             pin_memory=self.pin_memory, timeout=self.timeout,
+                                             prefetch_factor=self.prefetch_factor,
+                                             multiprocessing_context=self.context))
         if self.num_workers == 0:
             return self._in_process(plan)
         if self._pool is not None and not self._pool.healthy():
+            died = self._pool.death()  # a persistent worker that died while idle: said, then replaced
             self.close()
+            if died is not None:
+                raise died
         if self._pool is None:
             self._pool = WorkerPool(ds, ds.batch_layout(self.batch_size), self.num_workers, self.prefetch_factor,
                                     self.held_batches, self.context, pin=self.pin_memory, timeout=self.timeout,

@@ -9,19 +9,51 @@ resume, whatever the position.
 
 from __future__ import annotations
 
+import os
+from typing import Any, Iterator
+
 import numpy as np
 
 from dataflow.errors import ConfigError
 
 
+def sources(source: Any) -> tuple[list[str], list[float] | None]:
+    """The dataset paths of a `StreamingDataset` source (a path or URL, a list of them, or `{path: weight}`)
+    and, when mixing, their weights; anything else is one `ConfigError` line, before any file is read."""
+    if isinstance(source, dict):
+        paths, weights = list(source), list(source.values())
+        check_weights(weights)
+    elif isinstance(source, (str, os.PathLike)):
+        paths, weights = [source], None
+    elif isinstance(source, (list, tuple)):
+        paths, weights = list(source), None
+    else:
+        raise ConfigError(f"StreamingDataset takes a dataset path or URL, a list of them or {{path: weight}}, "
+                          f"got {type(source).__name__}")
+    if not paths:
+        raise ConfigError("StreamingDataset needs at least one dataset path")
+    for p in paths:
+        if not isinstance(p, (str, os.PathLike)) or not str(p).strip():
+            raise ConfigError(f"dataset paths must be non-empty strings (a folder or URL), got {p!r}")
+    return [str(p) for p in paths], weights
+
+
+def check_weights(weights: list[Any]) -> np.ndarray:
+    """Mixing weights as float64; refused unless finite, >= 0 and with a positive sum."""
+    try:
+        if any(isinstance(x, (bool, str, bytes)) for x in weights):
+            raise TypeError
+        w = np.asarray([float(x) for x in weights], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"mixing weights must be numbers, got {weights}") from None
+    if len(w) == 0 or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ConfigError(f"mixing weights must be finite, non-negative numbers with a positive sum, got {weights}")
+    return w
+
+
 class Blend:
     def __init__(self, weights: list[float], period: int = 10_000):
-        try:
-            w = np.asarray([float(x) for x in weights], dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ConfigError(f"mixing weights must be numbers, got {weights}") from None
-        if len(w) == 0 or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
-            raise ConfigError(f"mixing weights must be finite, non-negative numbers with a positive sum, got {weights}")
+        w = check_weights(weights)
         quota = _round_to_total(w / w.sum() * period, period)  # samples of each source per period
         self.weights = quota / period
         self.period = period
@@ -41,6 +73,17 @@ class Blend:
         p, r = np.divmod(m, self.period)
         source = self.order[r]
         return source, p * self.quota[source] + self.index[r]
+
+    def split(self, m: np.ndarray, totals: list[int]) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """Mixed sample ids `m` by (source, that source's epoch): (source, epoch, sample ids within that
+        epoch of the source, positions in `m`), each source going through epochs of `totals[source]` samples."""
+        source, n = self.locate(m)
+        for s in np.unique(source).tolist():
+            sel = np.flatnonzero(source == s)
+            epochs, g = np.divmod(n[sel], totals[s])
+            for e in np.unique(epochs).tolist():
+                sub = epochs == e
+                yield s, e, g[sub], sel[sub]
 
 
 def _round_to_total(x: np.ndarray, total: int) -> np.ndarray:

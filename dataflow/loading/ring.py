@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -14,7 +16,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from dataflow.errors import ConfigError, cause
+
 PAGE = 4096
+SHM = "/dev/shm"  # where torch's shared tensors live on Linux (both of its sharing strategies)
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,7 @@ class Field:
 class SlotRing:
     """`slots` buffers of one batch layout in a single shared, page-aligned segment."""
 
-    def __init__(self, layout: dict[str, tuple[tuple[int, ...], Any]], slots: int):
+    def __init__(self, layout: dict[str, tuple[tuple[int, ...], Any]], slots: int, workers: int = 1):
         fields, offset = [], 0
         for name, (shape, dtype) in layout.items():
             dtype = np.dtype(dtype)
@@ -37,9 +42,36 @@ class SlotRing:
         self.fields = fields
         self.slot_bytes = max(offset, PAGE)
         self.slots = slots
-        self.buffer = torch.empty(self.slot_bytes * slots, dtype=torch.uint8).share_memory_()
+        self.buffer = self._allocate(workers)
         self.pinned = False
         self._numpy: list[dict[str, np.ndarray]] | None = None
+
+    def _allocate(self, workers: int) -> torch.Tensor:
+        """The shared segment; a /dev/shm too small for it is one line saying what took the space and what
+        to change, checked before allocating (an overcommitted tmpfs would SIGBUS a worker later)."""
+        need = self.slot_bytes * self.slots
+        free = shm_free()
+        if free is not None and need > free:
+            raise self._too_big(need, free, workers)
+        try:
+            return torch.empty(need, dtype=torch.uint8).share_memory_()
+        except RuntimeError as e:  # "unable to allocate shared memory(shm) for file <...>: No space left ..."
+            raise self._too_big(need, shm_free(), workers, e) from cause(e)
+
+    def _too_big(self, need: int, free: int | None, workers: int, e: BaseException | None = None) -> ConfigError:
+        f = self.fields[0]
+        shape = " x ".join(str(n) for n in f.shape)
+        what = "batch_size x seq_len" if len(f.shape) == 2 else "the batch shape"
+        got = f"{_mb(free)} is free" if free is not None else "it could not be allocated"
+        told = "" if e is None else f" ({str(e).strip().splitlines()[0]})"
+        size_gb = max(1, math.ceil(need * 1.25 / 2**30))
+        return ConfigError(
+            f"the loader's batch ring needs {_mb(need)} of shared memory ({SHM}) and {got}{told}: {what} "
+            f"{shape} x {len(self.fields)} fields ({', '.join(g.name for g in self.fields)}) x {f.dtype.itemsize} "
+            f"bytes = {_mb(self.slot_bytes)} a batch, x {self.slots // max(workers, 1)} batches per worker "
+            f"(prefetch_factor + held_batches / num_workers + 1) x {workers} workers. Lower num_workers, "
+            f"held_batches or prefetch_factor, use a smaller batch_size, or give the machine more shared memory "
+            f"(Docker: --shm-size={size_gb}g; Kubernetes: a memory-backed emptyDir at {SHM})")
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -97,6 +129,19 @@ class _Lease:
     def _dropped(self, _ref: Any) -> None:
         if next(self._drops) == self._n:
             self._on_release()
+
+
+def shm_free() -> int | None:
+    """Bytes free in /dev/shm, or None where there is none to measure."""
+    try:
+        st = os.statvfs(SHM)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.1f} MB"
 
 
 def _round_up(n: int, to: int) -> int:

@@ -8,6 +8,7 @@ reader ever sees a partial or wrong file. `prefetch` downloads ahead in backgrou
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import logging
@@ -22,14 +23,15 @@ from typing import Any, Callable
 import fsspec
 
 from dataflow import env
-from dataflow.errors import CacheFullError, StorageError, cause
+from dataflow.errors import CacheFullError, FormatError, StorageError, cause
 from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
 from dataflow.loading import cache, decoded
-from dataflow.loading.download import DISK_FULL, download_verified
+from dataflow.loading.cache import DISK_FULL
+from dataflow.loading.download import download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
-from dataflow.loading.cache import lock, unlock
+from dataflow.loading.cache import lock, release, unlock
 
 __all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "prefetch_shards"]
 log = logging.getLogger(__name__)
@@ -117,8 +119,14 @@ class Storage:
 
     # --- public -----------------------------------------------------------------------------------
     def url(self, shard: ShardInfo) -> str:
-        return posixpath.join(self.root.rstrip("/"), shard.path) if self.remote else \
-            os.path.join(self.root, shard.path)
+        """Where the shard is read from (as requested: quoted for http(s)); a path refused by
+        `remote.shard_url` is shown as the manifest has it (messages name it, reads refuse it)."""
+        if not self.remote:
+            return os.path.join(self.root, shard.path)
+        try:
+            return remote.shard_url(self.root, shard.path)
+        except FormatError:
+            return posixpath.join(self.root.rstrip("/"), shard.path)
 
     def local_path(self, shard: ShardInfo) -> str:
         """Blocking: a complete, verified local file of the shard. Remote shards stay in use (never
@@ -186,17 +194,23 @@ class Storage:
                 else:
                     self._pool.submit(self._prefetch_one, shard, path)
 
-    def close(self) -> None:
-        """Stop background downloads (waiting for those running) and release every shard held."""
+    def cache_problem(self) -> OSError | None:
+        """Why this dataset's cache folder cannot be written (None when it can): read-only, no permission,
+        a file in its way, a full disk. Made if missing."""
+        return cache.check_writable(self.cache_root)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop background downloads (waiting for those running unless `wait=False`: a process about to
+        exit) and release every shard held."""
         with self._mu:
             pool, self._pool = self._pool, None
-            held, self._held = list(self._held.values()), {}
+            held, self._held = list(self._held.items()), {}
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=wait, cancel_futures=True)
         with self._mu:
             self._pending.clear()  # cancelled ones never ran
-        for fd, _, _ in held:
-            unlock(fd)
+        for path, (fd, _, _) in held:
+            release(fd, path + ".inuse")
 
     # --- internals --------------------------------------------------------------------------------
     def _entry(self, shard: ShardInfo) -> str:
@@ -220,7 +234,7 @@ class Storage:
                 make()
             cache.touch(path)
         except BaseException:
-            unlock(fd)
+            release(fd, path + ".inuse")
             raise
         with self._mu:
             held = self._held.setdefault(path, [fd, 0, size])
@@ -239,7 +253,7 @@ class Storage:
                                           check_source=not self.remote)
         except OSError as e:
             if e.errno in DISK_FULL:
-                raise self._full(shard, e) from cause(e)
+                raise self._full(shard, e, needed=decoded.size_bound(shard, fmt), doing="decoding") from cause(e)
             raise
         finally:
             if self.remote:
@@ -259,7 +273,7 @@ class Storage:
             if held[1] > 0:
                 return
             del self._held[path]
-        unlock(held[0])
+        release(held[0], path + ".inuse")
 
     def _filesystem(self) -> tuple[Any, str]:
         if self._fs is None or self._fs_pid != os.getpid():
@@ -281,7 +295,7 @@ class Storage:
                 if cache.verified(path, shard.bytes):
                     cache.touch(path)
             finally:
-                unlock(fd)
+                release(fd, path + ".inuse")
         except Exception as e:
             log.warning("download-ahead of %s failed (%s); it is retried when read", self.url(shard), e)
         finally:
@@ -313,7 +327,7 @@ class Storage:
             self._check_space(shard)
             self._download(shard, path)
         finally:
-            unlock(fd)
+            release(fd, path + ".dl")
 
     def _checked_again(self, shard: ShardInfo, path: str) -> bool:
         """A cached file of the right size that no download here verified (left by an older version, or put
@@ -327,7 +341,7 @@ class Storage:
 
     def _download(self, shard: ShardInfo, path: str) -> None:
         fs, rroot = self._filesystem()
-        download_verified(fs, posixpath.join(rroot.rstrip("/"), shard.path), path, shard, self.url(shard),
+        download_verified(fs, remote.shard_url(rroot, shard.path), path, shard, self.url(shard),
                           self.retries, self.root, lambda e: self._full(shard, e))
         with self._mu:
             self.downloads += 1
@@ -338,13 +352,16 @@ class Storage:
         if free < shard.bytes:
             raise self._full(shard, None, free)
 
-    def _full(self, shard: ShardInfo, e: OSError | None, free: int | None = None) -> CacheFullError:
+    def _full(self, shard: ShardInfo, e: OSError | None, free: int | None = None, needed: int | None = None,
+              doing: str = "caching") -> CacheFullError:
         free = shutil.disk_usage(self.cache_dir).free if free is None else free
+        amount = f"{shard.bytes / 1e6:.1f} MB" if needed is None else f"up to {needed / 1e6:.1f} MB"
         limit = "unlimited" if self.cache_limit is None else f"{self.cache_limit / 1e9:.1f} GB"
+        local = "" if self.remote else ", or pass decode_once=False to decode in each process instead"
         return CacheFullError(
-            f"{self.cache_dir}: disk full while caching {self.url(shard)} ({shard.bytes / 1e6:.1f} MB needed, "
+            f"{self.cache_dir}: disk full while {doing} {self.url(shard)} ({amount} needed, "
             f"{free / 1e6:.1f} MB free{'' if e is None else ': ' + (e.strerror or str(e))}); free space, lower "
-            f"cache_limit (now {limit}; DATAFLOW_CACHE_LIMIT) or set DATAFLOW_CACHE to a larger disk")
+            f"cache_limit (now {limit}; DATAFLOW_CACHE_LIMIT) or set DATAFLOW_CACHE to a larger disk{local}")
 
     def _make_room(self, incoming: int) -> None:
         if self.cache_limit is not None:
@@ -369,4 +386,14 @@ def _reset_after_fork() -> None:
         storage._reset()
 
 
+def _close_all() -> None:
+    """At exit, release what every Storage still holds (finalizers may not run then): no lock files left."""
+    for storage in list(_LIVE):
+        try:
+            storage.close()
+        except Exception:
+            pass
+
+
 os.register_at_fork(after_in_child=_reset_after_fork)
+atexit.register(_close_all)
