@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataflow.errors import (CacheFullError, ConfigError, CredentialsError, DataflowError, FormatError, InputError,
-                             InputNotFoundError, MissingDependencyError, NotADatasetError, StorageError, TrainingAborted,
-                             UnreachableError, WorkerDied)
+from dataflow.errors import (CacheFullError, CacheUnwritable, ConfigError, CredentialsError, DataflowError,
+                             FormatError, InputError, InputNotFoundError, MissingDependencyError, NotADatasetError,
+                             StorageError, TrainingAborted, UnreachableError, WorkerDied)
 from dataflow.formats.manifest import TokenizerMeta
 from dataflow.formats.writer import ShardWriter
 
@@ -26,7 +26,7 @@ _LAZY = {
 
 __all__ = ["ShardWriter", "TokenizerMeta", "DataflowError", "InputError", "InputNotFoundError", "FormatError",
            "ConfigError", "StorageError", "WorkerDied", "TrainingAborted", "NotADatasetError", "MissingDependencyError",
-           "CredentialsError", "UnreachableError", "CacheFullError", *_LAZY]
+           "CredentialsError", "UnreachableError", "CacheFullError", "CacheUnwritable", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -64,6 +64,13 @@ class CacheFullError(StorageError):
     """The local cache's disk is full: free space, lower `cache_limit`, or move `DATAFLOW_CACHE`."""
 
 
+class CacheUnwritable(ConfigError):
+    """The cache folder cannot be made or written (read-only, no permission, a file in its way): point
+    `DATAFLOW_CACHE` (or `cache_dir=`) at a folder you can write."""
+
+    reason = ""  # what the system said
+
+
 def debug_enabled() -> bool:
     """True when the user asked for full tracebacks (`--debug` sets `DATAFLOW_DEBUG=1`)."""
     from dataflow import env

@@ -184,3 +184,22 @@ def test_a_failed_background_write_is_raised_not_lost(tmp_path, monkeypatch):
                     w._file._sink.close()  # every later write of the shard fails on the writer's thread
     assert not (tmp_path / "index.json").exists()
     assert os.listdir(tmp_path) == []  # the unfinished shard's temp file is removed
+
+
+@pytest.mark.parametrize("path", ["%2e%2e/x.arrow", "a/%252e%252e/%252e%252e/x.arrow", "%2fetc/x", "..%5cx.arrow",
+                                  "../x.arrow", "/abs.arrow", "c:/x.arrow", "%25252e%25252e/x"])
+def test_a_manifest_whose_shard_path_leaves_the_dataset_in_any_encoding_is_refused_when_read(tmp_path, path):
+    """Format rule 3 holds for every reader (verify, inspect, decode, the loader), not only the http one."""
+    import json
+
+    from dataflow import FormatError, ShardWriter, TokenizerMeta
+    from dataflow.formats.manifest import read_manifest
+
+    with ShardWriter(str(tmp_path), tokenizer_meta=TokenizerMeta(kind="bytes", name="bytes", vocab_size=257,
+                                                                 eos_id=256)) as w:
+        w.write([1, 2, 3], id="a")
+    index = json.loads((tmp_path / "index.json").read_text())
+    index["shards"][0]["path"] = path
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(FormatError, match="leaves the dataset"):
+        read_manifest(str(tmp_path))

@@ -8,6 +8,7 @@ token offset to its record batch from the footer alone, without decompressing an
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -301,6 +302,8 @@ def decode_arrow_shard(src: str, dst: str, source_sha256: str, name: str | None 
                 for i in range(reader.num_record_batches):
                     writer.write_batch(reader.get_batch(i))
     except (pa.ArrowException, OSError) as e:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # the disk of the copy is full: the shard is sound
         raise FormatError(f"{name or src}: cannot decode this Arrow shard ({_one_line(e)}); run `dataflow verify`") \
             from None
     finally:

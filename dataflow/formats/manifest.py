@@ -179,9 +179,11 @@ def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_relative_path(path: str, where: str, what: str = "shard path") -> None:
-    parts = path.replace("\\", "/").split("/") if isinstance(path, str) else [".."]
-    if not path or path.startswith("/") or ".." in parts or ":" in parts[0]:
-        raise FormatError(f"{where}: {what} {path!r} must be relative and stay inside the dataset")
+    """Format rule 3: relative, inside the dataset, also once percent-decoded (see `remote.escapes_dataset`)."""
+    escaped = remote.escapes_dataset(path)
+    if escaped is not None:
+        raise FormatError(f"{where}: {what} {path!r} leaves the dataset (read as {escaped!r}): it must be relative "
+                          f"and stay inside it; the manifest is damaged or hostile")
 
 
 def _count(x: Any) -> bool:

@@ -84,20 +84,30 @@ def with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def escapes_dataset(path: str) -> str | None:
+    """The form in which a manifest's relative `path` is absolute, names a drive or holds '..', as written or
+    percent-decoded up to four times (`%252e` is `%2e` decoded once, `.` twice: a server or proxy may decode
+    it); None when it stays inside the dataset. The one rule of format rule 3, for every reader."""
+    seen = path if isinstance(path, str) else ""
+    for _ in range(5):
+        parts = seen.replace("\\", "/").split("/")
+        if not seen or seen.startswith("/") or ".." in parts or ":" in parts[0]:
+            return seen
+        if unquote(seen) == seen:
+            return None
+        seen = unquote(seen)
+    return seen  # still changing after four decodings: refuse it
+
+
 def shard_url(root: str, path: str) -> str:
     """Where shard `path` (relative, as its manifest writes it) of the remote dataset `root` is. For http(s)
     each segment is percent-quoted, so `#`, `?` and `%` are parts of a name, not of the URL's syntax. A
     path that leaves the dataset once percent-decoded (`%2e%2e/x`: a server or proxy may decode it) is a
     `FormatError`, before anything is requested."""
-    seen = path
-    for _ in range(4):  # `%252e` is `%2e` decoded once, `.` twice
-        parts = seen.replace("\\", "/").split("/")
-        if not seen or seen.startswith("/") or ".." in parts or ":" in parts[0]:
-            raise FormatError(f"{root}: shard path {path!r} leaves the dataset once percent-decoded ({seen!r}); "
-                              "the manifest is damaged or hostile (shard paths are relative and never hold '..')")
-        if unquote(seen) == seen:
-            break
-        seen = unquote(seen)
+    escaped = escapes_dataset(path)
+    if escaped is not None:
+        raise FormatError(f"{root}: shard path {path!r} leaves the dataset (read as {escaped!r}): it must be "
+                          "relative and stay inside it; the manifest is damaged or hostile")
     if root.split("://", 1)[0].lower() in ("http", "https"):
         return root.rstrip("/") + "/" + "/".join(quote(part, safe="") for part in path.split("/"))
     return posixpath.join(root.rstrip("/"), path)

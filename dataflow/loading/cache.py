@@ -34,7 +34,7 @@ import threading
 import time
 
 from dataflow import env
-from dataflow.errors import CacheFullError, ConfigError, DataflowError, cause
+from dataflow.errors import CacheFullError, CacheUnwritable, ConfigError, DataflowError, cause
 from dataflow.units import parse_size
 
 _TAG = re.compile(r"[0-9a-f]{16}")
@@ -46,12 +46,6 @@ _fds: set[int] = set()  # every lock fd this process holds open
 _fds_mu = threading.Lock()
 DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or an exhausted quota: waiting or retrying frees nothing
-
-
-class CacheUnwritable(ConfigError):
-    """The cache folder cannot be made or written: read-only, no permission, a file in its way."""
-
-    reason = ""  # what the system said
 
 
 def unusable(folder: str, e: OSError) -> DataflowError:

@@ -40,11 +40,12 @@ def size_bound(shard: ShardInfo, fmt: str) -> int:
 
 
 def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Callable[[], str],
-                check_source: bool) -> float:
+                check_source: bool, name: str | None = None) -> float:
     """Make `path` the decoded copy of `shard` unless another process already has; returns the CPU
     seconds this thread spent checking and decoding (0.0 when it found the copy made). `source()` gives
     the compressed file, held by the caller; `check_source` hashes it first (a local file nobody has
-    checked against the manifest). A full disk is the OSError (ENOSPC/EDQUOT), never a damaged shard."""
+    checked against the manifest). A full disk is the OSError (ENOSPC/EDQUOT), never a damaged shard.
+    `name` is the shard as the user knows it (its dataset path or URL), for errors."""
     fd = cache.lock(path + ".dl", fcntl.LOCK_EX)
     try:
         if os.path.exists(path):
@@ -59,9 +60,9 @@ def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Ca
                                   "replaced: run `dataflow verify` on the dataset")
             try:
                 if fmt == "tar":
-                    decode_tar_stream(src, tmp, shard, itemsize)
+                    decode_tar_stream(src, tmp, shard, itemsize, name=name)
                 else:
-                    decode_arrow_shard(src, tmp, shard.sha256)
+                    decode_arrow_shard(src, tmp, shard.sha256, name=name)
             except FormatError as e:  # the reader reports a failed write as a damaged shard
                 full = _disk_full(e)
                 if full is not None:

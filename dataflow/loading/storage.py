@@ -250,7 +250,7 @@ class Storage:
         self._make_room(decoded.size_bound(shard, fmt))
         try:
             seconds = decoded.decode_into(path, shard, fmt, itemsize, lambda: self.local_path(shard),
-                                          check_source=not self.remote)
+                                          check_source=not self.remote, name=self.url(shard))
         except OSError as e:
             if e.errno in DISK_FULL:
                 raise self._full(shard, e, needed=decoded.size_bound(shard, fmt), doing="decoding") from cause(e)
