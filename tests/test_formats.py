@@ -201,5 +201,5 @@ def test_a_manifest_whose_shard_path_leaves_the_dataset_in_any_encoding_is_refus
     index = json.loads((tmp_path / "index.json").read_text())
     index["shards"][0]["path"] = path
     (tmp_path / "index.json").write_text(json.dumps(index))
-    with pytest.raises(FormatError, match="leaves the dataset"):
+    with pytest.raises(FormatError, match="must be relative and stay inside the dataset, but leaves it"):
         read_manifest(str(tmp_path))

@@ -117,9 +117,9 @@ def test_a_percent_encoded_escape_is_refused_before_any_request(served, tmp_path
     shutil.move(str(www / "ds" / manifest["shards"][0]["path"]), str(www / "secret.arrow"))
     manifest["shards"][0]["path"] = hostile
     (www / "ds" / "index.json").write_text(json.dumps(manifest))
-    with pytest.raises(FormatError, match=r"leaves the dataset \(read as .*damaged or hostile"):
+    with pytest.raises(FormatError, match=r"leaves it \(read as .*damaged or hostile"):
         StreamingDataset(f"{url}/ds", seq_len=SEQ, shuffle=False, cache_dir=str(tmp_path / "cache"))
-    with pytest.raises(FormatError, match=r"leaves the dataset \(read as .*damaged or hostile"):
+    with pytest.raises(FormatError, match=r"leaves it \(read as .*damaged or hostile"):
         remote.shard_url(f"{url}/ds", hostile)  # the reader's own guard, for manifests checked elsewhere
     assert all(p.startswith("/ds/") for p in asked), asked
     assert not any("secret" in unquote(unquote(p)) for p in asked), asked

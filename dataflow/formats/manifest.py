@@ -182,8 +182,8 @@ def check_relative_path(path: str, where: str, what: str = "shard path") -> None
     """Format rule 3: relative, inside the dataset, also once percent-decoded (see `remote.escapes_dataset`)."""
     escaped = remote.escapes_dataset(path)
     if escaped is not None:
-        raise FormatError(f"{where}: {what} {path!r} leaves the dataset (read as {escaped!r}): it must be relative "
-                          f"and stay inside it; the manifest is damaged or hostile")
+        raise FormatError(f"{where}: {what} {path!r} must be relative and stay inside the dataset, but leaves it "
+                          f"(read as {escaped!r}); the manifest is damaged or hostile")
 
 
 def _count(x: Any) -> bool:

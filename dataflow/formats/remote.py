@@ -106,8 +106,8 @@ def shard_url(root: str, path: str) -> str:
     `FormatError`, before anything is requested."""
     escaped = escapes_dataset(path)
     if escaped is not None:
-        raise FormatError(f"{root}: shard path {path!r} leaves the dataset (read as {escaped!r}): it must be "
-                          "relative and stay inside it; the manifest is damaged or hostile")
+        raise FormatError(f"{root}: shard path {path!r} must be relative and stay inside the dataset, but leaves it "
+                          f"(read as {escaped!r}); the manifest is damaged or hostile")
     if root.split("://", 1)[0].lower() in ("http", "https"):
         return root.rstrip("/") + "/" + "/".join(quote(part, safe="") for part in path.split("/"))
     return posixpath.join(root.rstrip("/"), path)
