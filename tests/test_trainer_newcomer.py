@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -65,6 +66,18 @@ def test_a_run_resumed_at_its_last_step_says_how_to_train_on(tmp_path, capsys, k
     assert train(load_config("demo", sets + ["train.steps=6"]))["step"] == 6  # the advice works
 
 
+def _wait_for(path: pathlib.Path, text: str, proc: subprocess.Popen, seconds: float) -> str:
+    """The content of `path` once it holds `text` (the process writes it); fails if the process ends first."""
+    deadline = time.monotonic() + seconds
+    while True:
+        content = path.read_text() if path.exists() else ""
+        if text in content:
+            return content
+        assert proc.poll() is None, f"the trainer ended ({proc.returncode}) before writing {text!r}: {content}"
+        assert time.monotonic() < deadline, f"no {text!r} after {seconds:.0f} s: {content}"
+        time.sleep(0.05)
+
+
 def test_sigterm_ends_a_run_whose_step_is_far_beyond_the_machine(tmp_path, kjv):
     """One step would take many minutes: a warning says so before it starts; the first SIGTERM is answered at
     once (stop after this step), the second ends the process at once."""
@@ -75,20 +88,17 @@ def test_sigterm_ends_a_run_whose_step_is_far_beyond_the_machine(tmp_path, kjv):
     cmd = [sys.executable, "-m", "trainer", "--config", "demo", "--set", f"data.path={tmp_path / 'data'}",
            "--set", "data.seq_len=100000", "--set", "data.batch_size=1", "--set", "data.num_workers=1",
            "--set", f"checkpoint.dir={tmp_path / 'ck'}", "--set", "log.jsonl="]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "w") as o, open(err, "w") as e:  # files, not pipes: nothing can block on a full pipe
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e)
     try:
-        lines = []
-        for line in proc.stdout:  # read until the warning: the first step is starting
-            lines.append(line)
-            if line.startswith("warning:"):
-                break
-        assert lines and "minutes" in lines[-1] and "data.seq_len (100000)" in lines[-1], lines
+        warning = _wait_for(out, "warning:", proc, 240).split("warning:", 1)[1]
+        assert "minutes" in warning and "data.seq_len (100000)" in warning, warning
         proc.send_signal(signal.SIGTERM)
-        first = proc.stderr.readline()  # blocks until the trainer answers: it must answer mid-step
-        assert "stopping after the current step" in first, first
+        _wait_for(err, "stopping after the current step", proc, 60)  # answered mid-step
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-        assert "stopped at once" in proc.stderr.read()
+        assert "stopped at once" in err.read_text()
     finally:
         proc.kill()
         proc.wait()
