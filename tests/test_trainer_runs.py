@@ -101,11 +101,13 @@ def killed_after_step_10(baseline: pathlib.Path, out: pathlib.Path) -> None:
 
 
 # --- parallel equivalence ---------------------------------------------------------------------------
+@pytest.mark.heavy  # two processes on gloo (make test-all)
 def test_ddp_two_processes_match_one(kjv_data, baseline, tmp_path):
     run_cli(settings(kjv_data, tmp_path, "data.batch_size=4"), nproc=2)
     assert_close(losses(tmp_path / "metrics.jsonl"), losses(baseline / "metrics.jsonl"), range(1, STEPS + 1))
 
 
+@pytest.mark.heavy  # two processes on gloo (make test-all)
 def test_fsdp2_two_processes_with_accumulation_match_one(kjv_data, baseline, tmp_path):
     run_cli(settings(kjv_data, tmp_path, "train.parallel=fsdp", "data.batch_size=2", "train.grad_accum=2"), nproc=2)
     assert_close(losses(tmp_path / "metrics.jsonl"), losses(baseline / "metrics.jsonl"), range(1, STEPS + 1))
@@ -130,6 +132,7 @@ def test_exact_resume_in_a_new_process_is_bitwise_identical(kjv_data, baseline, 
     assert not (tmp_path / "ck" / "step-000020.tmp").exists()  # replaced by the complete step-000020
 
 
+@pytest.mark.heavy  # two processes on gloo (make test-all)
 def test_elastic_resume_on_two_hsdp_processes_continues_the_stream(kjv_data, baseline, tmp_path):
     killed_after_step_10(baseline, tmp_path)
     run_cli(settings(kjv_data, tmp_path, "data.batch_size=4", "train.parallel=hsdp", "train.hsdp_replicas=2"),
