@@ -36,14 +36,22 @@ class Layout:
         path = os.path.join(self.writer_dir("train"), MANIFEST_NAME)
         return path if os.path.exists(path) else None
 
-    def remove_partial_writes(self, keep: set[str] = frozenset()) -> None:
-        """Temp files of atomic writes that a killed run left behind (they never became shards), but for those
-        in `keep` (open shards its journal continues from)."""
+    def remove_partial_writes(self) -> None:
+        """Temp files of atomic writes that a killed run left behind (they never became shards)."""
         for split in self.splits:
             folder = self.writer_dir(split)
             if os.path.isdir(folder):
                 for name in os.listdir(folder):
-                    if name.startswith(".") and name.endswith(".tmp") and name not in keep:
+                    if name.startswith(".") and name.endswith(".tmp"):
+                        os.remove(os.path.join(folder, name))
+
+    def remove_unlisted_shards(self, listed: dict[str, set[str]]) -> None:
+        """Shards an interrupted run put in place after its last journal save (its rerun writes them again)."""
+        for split in self.splits:
+            folder = self.writer_dir(split)
+            if os.path.isdir(folder):
+                for name in os.listdir(folder):
+                    if name.startswith("shard-") and name not in listed.get(split, ()):
                         os.remove(os.path.join(folder, name))
 
     def clear(self) -> None:
