@@ -135,6 +135,34 @@ def test_interrupted_runs_resume_to_the_same_bytes_and_leave_no_temp_file(big_co
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_stops_at_once_and_the_rerun_resumes(big_corpus, tmp_path, workers):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while a worker is in the middle of a
+    bundle: `interrupted` and exit 130 within 2 s, not after the bundles in flight; the rerun completes."""
+    import time
+
+    args = ["tokenize", str(big_corpus), "--no-progress", "--unit-size", "4MB", "--workers", workers]
+    out, marker = tmp_path / "out", tmp_path / "holding"
+    proc = subprocess.Popen(kill_points.command({"hold": str(marker), "unit": 8}, *args, "-o", out),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        while not marker.exists():  # a worker holds bundle 8 (as a long one would); others may be done
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and err.strip() == "dataflow tokenize: interrupted", err
+    assert took < 2, took
+    subprocess.run([*DATAFLOW, *args, "-o", str(out)], check=True, capture_output=True)
+    subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref")], check=True, capture_output=True)
+    assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_kill_between_the_manifests_of_two_splits_resumes(kjv, tmp_path, workers):
     """train/index.json written, val's not yet, the journal still there: the rerun does not take the run for
     finished; it completes to the same bytes."""

@@ -10,6 +10,8 @@ the journal after every committed bundle: DATAFLOW_JOURNAL_SECONDS=0.)
   {"shard": "before"|"during"|"after", "unit": N}  in the worker tokenizing the bundle that starts at unit N
                        (or the first one after it): before its first shard is written, with that shard's temp
                        file cut in its middle, or once the shard is finished but not yet handed back
+  {"hold": MARKER, "unit": N}  that worker writes MARKER before its first shard, then waits for ever (a bundle
+                       that takes long: for Ctrl-C tests; no signal)
   {"renamed": N}       the coordinator has put the shards of the bundle starting at unit >= N in place, and
                        no journal lists them yet
   {"manifest": true}   the first split's manifest is written, the journal not yet removed
@@ -65,10 +67,12 @@ def _install_shard_point(when: dict) -> None:
 
     def stopping_flush(self):
         due = self._shard_docs and _unit_of(self.prefix) >= when["unit"]
-        if due and when["shard"] == "before":
+        if due and "hold" in when:
+            _pause(when["hold"], os.devnull + ".never")
+        if due and when.get("shard") == "before":
             _stop(when)
         info = flush(self)
-        if due and when["shard"] == "after":
+        if due and when.get("shard") == "after":
             _stop(when)
         return info
 
@@ -80,14 +84,14 @@ def _install_shard_point(when: dict) -> None:
         return commit(self)
 
     ShardWriter.flush = stopping_flush
-    if when["shard"] == "during":
+    if when.get("shard") == "during":
         arrow.ArrowShardFile.commit = torn_commit
 
 
 def _install(when: dict) -> None:
     from dataflow.preprocess import run
 
-    if "shard" in when:
+    if "shard" in when or "hold" in when:
         _install_shard_point(when)
     if "renamed" in when:
         commit = run.commit_bundle

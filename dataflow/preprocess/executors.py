@@ -1,10 +1,12 @@
-"""Where bundles run: in this process, on a local process pool, or on a Ray cluster.
+"""Where bundles run: on a local process pool (one process for --workers 1), or on a Ray cluster.
 
 Every executor yields bundle results strictly in input order, with a bounded number of bundles in flight,
 so the commit side is the same for all of them and memory stays bounded. Each bundle is tokenized by
 `worker.tokenize_bundle` into finished shards in the scratch folder; what comes back is a few hundred bytes
 of manifest entries and counts, never tokens (a Ray task returns the same). A compressed JSONL file is read
-here and handed out as pieces of its decompressed stream (`pieces.py`), one bundle per piece. Scale-out
+here and handed out as pieces of its decompressed stream (`pieces.py`), one bundle per piece. Bundles never
+run in the coordinator's own thread: a Ctrl-C there is handled at once (the workers are killed), never
+after an engine call of many seconds returns. Scale-out
 beyond one machine uses an existing engine (Ray, or task slices run by Slurm/Kubernetes), never a
 home-made cluster.
 """
@@ -15,6 +17,7 @@ import contextlib
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import threading
 from collections import deque
@@ -30,6 +33,8 @@ from dataflow.preprocess.worker import BundleResult, UnitSpec, tokenize_bundle, 
 
 def _warm(tokenizer: str, engine: str) -> None:
     die_with_parent()
+    # Ctrl-C reaches the whole process group: the coordinator alone handles it (and stops the workers at once)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker_tokenizer(tokenizer, engine)
 
 
@@ -48,6 +53,18 @@ def start_local_pool(workers: int, tokenizer: str, engine: str) -> ProcessPoolEx
     return pool
 
 
+def stop_local_pool(pool: ProcessPoolExecutor, now: bool) -> None:
+    """Shut the pool down; `now` (an interrupt or an error): kill its workers first instead of waiting for the
+    bundles they are tokenizing (whose shards, in the scratch folder, no journal lists: a rerun redoes them)."""
+    if now:
+        # the executor's own map of its worker processes: it offers no public way to stop them mid-task. No
+        # future is cancelled: the pool fails them all as broken (Python 3.11 crashes its manager thread on a
+        # cancelled one, and the exit then hangs)
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.kill()
+    pool.shutdown(wait=not now)
+
+
 def run_bundles(bundles: list[list[Unit]], spec: UnitSpec, workers: int, executor: str, scratch: str,
                 pool: ProcessPoolExecutor | None = None, *, piece_bytes: int = 32 << 20,
                 first_piece: int = 0) -> Iterator[BundleResult]:
@@ -60,13 +77,16 @@ def run_bundles(bundles: list[list[Unit]], spec: UnitSpec, workers: int, executo
         yield from _run_ray(work, spec, workers, scratch)
     elif executor != "local":
         raise ConfigError(f"unknown executor {executor!r}; choose local or ray")
-    elif workers <= 1:  # in this process; the next piece of a compressed file is read meanwhile
-        with contextlib.closing(_read_ahead(work)) as ahead:
-            for bundle in ahead:
-                yield tokenize_bundle(bundle, spec, scratch)
+    elif pool is not None:
+        yield from _run_pool(work, spec, workers, scratch, pool)
     else:
-        with pool or start_local_pool(workers, spec.tokenizer, spec.engine) as running:
+        running = start_local_pool(workers, spec.tokenizer, spec.engine)
+        try:
             yield from _run_pool(work, spec, workers, scratch, running)
+        except BaseException:
+            stop_local_pool(running, now=True)
+            raise
+        stop_local_pool(running, now=False)
 
 
 def _threaded(items: Iterable, depth: int, name: str, drop: Callable[[object], None] = lambda item: None) -> Iterator:
@@ -117,19 +137,13 @@ def _threaded(items: Iterable, depth: int, name: str, drop: Callable[[object], N
 _END = object()
 
 
-def _read_ahead(bundles: Iterable[list[Unit]]) -> Iterator[list[Unit]]:
-    """`bundles`, the next one read on a thread while this one is tokenized: a compressed file's next piece
-    decompresses while the current one is encoded (both outside the GIL)."""
-    return _threaded(bundles, 1, "dataflow-read-ahead")
-
-
 def _run_pool(bundles: Iterable[list[Unit]], spec: UnitSpec, workers: int, scratch: str,
               pool: ProcessPoolExecutor) -> Iterator[BundleResult]:
     """Results in order. A feeder thread reads the next bundles (decompressing a compressed file's pieces)
-    and submits them while this thread commits; at most `2 * workers + 2` bundles are in flight."""
+    and submits them while this thread commits; at most `2 * workers + 2` bundles are in flight. A caller
+    that stops early stops the pool (`stop_local_pool`), which fails the bundles still queued."""
     submitted = (pool.submit(tokenize_bundle, bundle, spec, scratch) for bundle in bundles)
-    with contextlib.closing(_threaded(submitted, 2 * workers + 1, "dataflow-feeder",
-                                      drop=lambda future: future.cancel())) as futures:
+    with contextlib.closing(_threaded(submitted, 2 * workers + 1, "dataflow-feeder")) as futures:
         for future in futures:
             yield future.result()
 
@@ -150,9 +164,14 @@ def _run_ray(bundles: Iterable[list[Unit]], spec: UnitSpec, workers: int, scratc
         pending.append(remote.remote(bundle, spec, scratch))
         if len(pending) >= window:
             break
-    while pending:
-        result = ray.get(pending.popleft())
-        nxt = next(todo, None)
-        if nxt is not None:
-            pending.append(remote.remote(nxt, spec, scratch))
-        yield result
+    try:
+        while pending:
+            result = ray.get(pending[0])
+            pending.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(remote.remote(nxt, spec, scratch))
+            yield result
+    finally:
+        for ref in pending:  # an interrupt or an error: the tasks still running are of no use
+            ray.cancel(ref, force=True)

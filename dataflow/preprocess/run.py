@@ -28,7 +28,7 @@ from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, Tokeni
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, parse_size, shard_extension
 from dataflow.preprocess.blocks import read_unit_blocks
 from dataflow.preprocess.commit import commit_bundle
-from dataflow.preprocess.executors import run_bundles, start_local_pool
+from dataflow.preprocess.executors import run_bundles, start_local_pool, stop_local_pool
 from dataflow.preprocess.journal import Progress, load_progress, save_progress, save_seconds
 from dataflow.preprocess.layout import WORK_DIR, Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
@@ -332,18 +332,19 @@ def _write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, me
 @contextlib.contextmanager
 def _local_pool(cfg: TokenizeConfig, workers: int, spec: UnitSpec, tok: Tokenizer) \
         -> Iterator[ProcessPoolExecutor | None]:
-    """The worker processes of a local run (None: units run in this process), started once the tokenizer is
+    """The worker processes of a local run (one for --workers 1; None for Ray), started once the tokenizer is
     loaded and proven here: forked workers inherit it and load nothing, spawned ones load it themselves."""
     if cfg.executor != "local":
         yield None
         return
     adopt_tokenizer(spec.tokenizer, spec.engine, tok)
-    pool = start_local_pool(workers, spec.tokenizer, spec.engine) if workers > 1 else None
+    pool = start_local_pool(workers, spec.tokenizer, spec.engine)
     try:
         yield pool
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+    except BaseException:  # Ctrl-C or an error: stop at once, not after the bundles in flight
+        stop_local_pool(pool, now=True)
+        raise
+    stop_local_pool(pool, now=False)
 
 
 def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, tok, started: float) -> Summary:
