@@ -131,3 +131,43 @@ def test_a_journal_of_the_previous_version_is_refused_in_one_line(kjv10, tmp_pat
     p = subprocess.run([*DATAFLOW, *map(str, args)], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.count("\n") == 1
     assert "journal version 3" in p.stderr and "--overwrite" in p.stderr
+
+
+def test_small_files_share_a_shard_and_parquet_rows_keep_their_ids(tmp_path):
+    """Consecutive small inputs are bundled (a folder of small files is not a shard per file), and a Parquet
+    row group's worker knows its rows' numbers in the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(30):
+        (src / f"t{i:02d}.jsonl").write_text(json.dumps({"text": f"file {i}"}) + "\n")
+    pq.write_table(pa.table({"text": [f"row {r}" for r in range(1000)]}), src / "u.parquet", row_group_size=100)
+    for w in (1, 2):
+        p = run(src, tmp_path / f"w{w}", "--workers", w, "--unit-size", "64KB")
+        assert p.returncode == 0, p.stderr
+    assert dataset_bytes(tmp_path / "w1") == dataset_bytes(tmp_path / "w2")
+    assert len(json.loads((tmp_path / "w1" / "index.json").read_text())["shards"]) == 1
+    back = subprocess.run([*DATAFLOW, "decode", str(tmp_path / "w2")], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+    records = [json.loads(x) for x in back]
+    assert records[0] == {"id": "t00.jsonl@0", "text": "file 0"}
+    assert [r["id"] for r in records[30:]] == [f"u.parquet:{r}" for r in range(1000)]
+    assert [r["text"] for r in records[30:]] == [f"row {r}" for r in range(1000)]
+
+
+def test_a_workers_memory_does_not_grow_with_the_input(kjv, kjv10, tmp_path):
+    """A worker holds one bundle's blocks and one shard's record batch: ten times the input, same peak."""
+    child = ("import json, resource, sys\n"
+             "from dataflow.preprocess.run import TokenizeConfig, tokenize\n"
+             "tokenize(TokenizeConfig(inputs=[sys.argv[1]], out=sys.argv[2], workers=2, unit_bytes=1 << 20,\n"
+             "                        shard_size='4MB', progress=False))\n"
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+    peaks = []
+    for src in (kjv, kjv10):
+        p = subprocess.run([DATAFLOW[0], "-c", child, str(src), str(tmp_path / src.name)], capture_output=True,
+                           text=True)
+        assert p.returncode == 0, p.stderr
+        peaks.append(int(p.stdout.split()[-1]) / 1024)  # MB
+    assert peaks[1] < peaks[0] + 40, peaks  # MB
