@@ -19,12 +19,16 @@ from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.worker import BundleResult
 
 
-def commit_bundle(result: BundleResult, progress: Progress, scratch: str, split_dirs: dict[str, str],
+def commit_bundle(result: BundleResult, progress: Progress, scratch: str, split_dirs: dict[str, str] | None,
                   extension: str, errlog: IO[str], errors_path: str, max_errors: int) -> None:
-    """Log the bundle's bad records, put its shards in place and count it as done in `progress`."""
+    """Log the bundle's bad records, put its shards in place (`split_dirs` None: the workers uploaded them to
+    their final names already) and count it as done in `progress`."""
     _log_errors(result, progress, errlog, errors_path, max_errors)
     for split, shards in result.shards.items():
         listed = progress.shards.setdefault(split, [])
+        if split_dirs is None:
+            listed += [asdict(shard) for shard in shards]
+            continue
         for shard in shards:
             name = f"shard-{len(listed):05d}{extension}"
             os.replace(os.path.join(scratch, shard.path), os.path.join(split_dirs[split], name))

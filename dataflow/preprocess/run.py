@@ -22,6 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
+import fsspec
+
 import dataflow
 from dataflow.errors import ConfigError, DataflowError
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, TokenizerMeta, read_manifest, write_manifest
@@ -30,7 +32,8 @@ from dataflow.preprocess.blocks import read_unit_blocks
 from dataflow.preprocess.commit import commit_bundle
 from dataflow.preprocess.executors import run_bundles, start_local_pool, stop_local_pool
 from dataflow.preprocess.journal import Progress, load_progress, save_progress, save_seconds
-from dataflow.preprocess.layout import WORK_DIR, Layout
+from dataflow.preprocess import output
+from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.sources import expand_inputs, first_record_fields
@@ -201,8 +204,9 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
 def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
     """Hold an exclusive lock on this task's work for the run: a second `dataflow tokenize` into the same
     folder (and task) is refused at once instead of racing the first."""
-    work_root = os.path.dirname(layout.work)
-    made = [d for d in (cfg.out, work_root) if not os.path.isdir(d)]  # removed again if left empty
+    work_root = layout.work_root
+    made = [d for d in ((work_root,) if layout.remote else (cfg.out, work_root)) if not os.path.isdir(d)]
+    # (the folders made are removed again if left empty)
     try:
         os.makedirs(work_root, exist_ok=True)
     except OSError as e:
@@ -250,12 +254,13 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     metas = _copy_tokenizer(layout, tok)
     spec = UnitSpec(cfg.tokenizer, "hf" if tok.engine == "hf" else cfg.engine, cfg.text_field, cfg.id_field,
                     tok.meta.eos_id if cfg.eos else None, tok.meta, tuple(layout.splits), cfg.format,
-                    cfg.compression, parse_size(cfg.shard_size), cfg.zstd_level, cfg.seed, cfg.val_fraction)
+                    cfg.compression, parse_size(cfg.shard_size), cfg.zstd_level, cfg.seed, cfg.val_fraction,
+                    {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None)
     todo = [bundle for bundle in mine if bundle[0].index >= progress.next_unit]
     bar = InputProgress(units, len(units) - sum(map(len, todo)), enabled=cfg.progress)
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)  # shards of bundles no journal listed: they are made again
-    split_dirs = {split: layout.writer_dir(split) for split in layout.splits}
+    split_dirs = None if layout.remote else {split: layout.writer_dir(split) for split in layout.splits}
     extension = shard_extension(cfg.format, cfg.compression)
     saved = time.monotonic()
     with open(layout.errors, "a") as errlog, _local_pool(cfg, workers, spec, tok) as pool:
@@ -283,13 +288,13 @@ def _start_or_resume(cfg: TokenizeConfig, layout: Layout, progress: Progress | N
     or a fresh journal; refuses work made with other settings."""
     if progress is not None:
         _refuse_if_different(cfg, progress.settings, cfg.out)
-    elif not layout.tasked and os.path.exists(os.path.join(layout.split_dir("train"), MANIFEST_NAME)):
-        previous = read_manifest(os.path.join(layout.split_dir("train"), MANIFEST_NAME))
+    elif not layout.tasked and layout.exists(output.join(layout.split_dir("train"), MANIFEST_NAME)):
+        previous = read_manifest(output.join(layout.split_dir("train"), MANIFEST_NAME))
         _refuse_if_different(cfg, previous.provenance.get("settings"), cfg.out)
-    elif not layout.tasked and os.path.exists(os.path.join(layout.split_dir("val"), MANIFEST_NAME)):
+    elif not layout.tasked and layout.exists(output.join(layout.split_dir("val"), MANIFEST_NAME)):
         _refuse_if_different(cfg, None, cfg.out)
     os.makedirs(layout.work, exist_ok=True)
-    for split in layout.splits:
+    for split in layout.splits if not layout.remote else ():  # an object store has no folders to make
         os.makedirs(layout.writer_dir(split), exist_ok=True)
     layout.remove_partial_writes()
     if progress is None:
@@ -306,7 +311,13 @@ def _start_or_resume(cfg: TokenizeConfig, layout: Layout, progress: Progress | N
 
 def _copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
     """The tokenizer's file beside each split's manifest, and the metadata that names it."""
-    return {split: tok.copy_into(layout.writer_dir(split)) for split in layout.splits}
+    if not layout.remote:
+        return {split: tok.copy_into(layout.writer_dir(split)) for split in layout.splits}
+    meta = tok.copy_into(layout.work)
+    for split in layout.splits:
+        if meta.file:
+            output.put_file(os.path.join(layout.work, meta.file), output.join(layout.writer_dir(split), meta.file))
+    return {split: meta for split in layout.splits}
 
 
 def _write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, metas: dict[str, TokenizerMeta],
@@ -321,11 +332,17 @@ def _write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, me
         shards = [ShardInfo(**s) for s in progress.shards.get(split, [])]
         m = Manifest(tokenizer=metas[split], format=cfg.format, compression=cfg.compression,
                      dtype=metas[split].dtype, shards=shards, provenance=provenance)
-        write_manifest(layout.writer_dir(split), m)
+        if layout.remote:
+            output.write_remote_manifest(layout.writer_dir(split), m)
+        else:
+            write_manifest(layout.writer_dir(split), m)
         datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
+    if layout.remote:
+        output.put_file(layout.errors, layout.errors_url)
+        os.remove(layout.errors)
     shutil.rmtree(layout.work)
-    if not os.listdir(os.path.join(cfg.out, WORK_DIR)):
-        os.rmdir(os.path.join(cfg.out, WORK_DIR))
+    if not layout.remote and not os.listdir(layout.work_root):
+        os.rmdir(layout.work_root)  # (a remote run's, with its lock, goes when the lock is released)
     return datasets
 
 
@@ -350,9 +367,10 @@ def _local_pool(cfg: TokenizeConfig, workers: int, spec: UnitSpec, tok: Tokenize
 def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, tok, started: float) -> Summary:
     datasets, docs, tokens = {}, 0, 0
     for split in layout.splits:
-        m = read_manifest(os.path.join(layout.writer_dir(split), MANIFEST_NAME))
+        m = read_manifest(output.join(layout.writer_dir(split), MANIFEST_NAME))
         datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
         docs, tokens = docs + m.documents, tokens + m.tokens
-    errors = sum(1 for _ in open(layout.errors)) if os.path.exists(layout.errors) else 0
+    log = layout.errors_url if layout.remote else layout.errors
+    errors = sum(1 for _ in fsspec.open(log, "rb").open()) if layout.exists(log) else 0
     return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - started, tok.meta.name,
                    tok.engine, getattr(tok, "engine_reason", ""), notes=["already complete: nothing to do"])

@@ -24,6 +24,7 @@ from dataflow.formats.manifest import ShardInfo, TokenizerMeta
 from dataflow.formats.writer import DocIds, ShardWriter
 from dataflow.preprocess.blocks import Block, read_unit_blocks
 from dataflow.preprocess.flat import append_eos, string_buffers
+from dataflow.preprocess.output import upload_shards
 from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
 
@@ -45,6 +46,7 @@ class UnitSpec:
     zstd_level: int | None = None
     seed: int = 0
     val_fraction: float = 0.0
+    remote_dirs: dict[str, str] | None = None  # object-store output: each split's URL, where workers upload
 
 
 @dataclass
@@ -113,6 +115,9 @@ def tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> BundleR
         for split, w in writers.items():
             w.flush()
             result.shards[split] = list(w.shards)
+        if spec.remote_dirs:  # straight to their final names: an object store has no rename
+            for split, shards in result.shards.items():
+                result.shards[split] = upload_shards(scratch, shards, spec.remote_dirs[split], split)
     except BaseException:
         for w in writers.values():
             w.abort()
