@@ -142,3 +142,18 @@ def test_ray_tasks_upload_their_shards_to_s3(s3, kjv, tmp_path, monkeypatch):
         ray.shutdown()
     remote = json.loads(s3.get_object(Bucket="out", Key="ray/index.json")["Body"].read())
     assert shard_hashes(remote) == shard_hashes(json.loads((tmp_path / "local" / "index.json").read_text()))
+
+
+def test_a_finished_s3_dataset_is_kept_refused_or_overwritten(s3, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(2000)))
+    assert tokenize(src, "s3://out/again", cache=tmp_path / "c").returncode == 0
+    p = tokenize(src, "s3://out/again", cache=tmp_path / "c")
+    assert p.returncode == 0 and "already complete" in p.stdout
+    p = tokenize(src, "s3://out/again", "--shard-size", "1MB", cache=tmp_path / "c")
+    assert p.returncode == 2 and "shard_size" in p.stderr and "--overwrite" in p.stderr
+    p = tokenize(src, "s3://out/again", "--shard-size", "64KB", "--overwrite", cache=tmp_path / "c")
+    assert p.returncode == 0, p.stderr
+    manifest = json.loads(s3.get_object(Bucket="out", Key="again/index.json")["Body"].read())
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="out", Prefix="again/shard-")["Contents"]}
+    assert keys == {f"again/{s['path']}" for s in manifest["shards"]} and len(keys) > 1
