@@ -32,6 +32,9 @@ def s3():
            "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": endpoint}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance cached by an earlier test knows another endpoint
     try:
         import boto3
 
@@ -46,6 +49,7 @@ def s3():
                 time.sleep(0.05)
         yield client
     finally:
+        s3fs.S3FileSystem.clear_instance_cache()
         proc.terminate()
         proc.wait(timeout=30)
         for k, v in saved.items():
