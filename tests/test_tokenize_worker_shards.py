@@ -171,3 +171,11 @@ def test_a_workers_memory_does_not_grow_with_the_input(kjv, kjv10, tmp_path):
         assert p.returncode == 0, p.stderr
         peaks.append(int(p.stdout.split()[-1]) / 1024)  # MB
     assert peaks[1] < peaks[0] + 40, peaks  # MB
+
+
+def test_a_rerun_of_a_finished_run_is_a_summary_with_its_error_count(anonymous, tmp_path):
+    assert run(anonymous, tmp_path / "o", "--unit-size", "64KB").returncode == 0
+    p = run(anonymous, tmp_path / "o", "--unit-size", "64KB")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["notes"] == ["already complete: nothing to do"] and summary["errors"] == 5

@@ -370,7 +370,9 @@ def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, tok, started: floa
         m = read_manifest(output.join(layout.writer_dir(split), MANIFEST_NAME))
         datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
         docs, tokens = docs + m.documents, tokens + m.tokens
-    log = layout.errors_url if layout.remote else layout.errors
-    errors = sum(1 for _ in fsspec.open(log, "rb").open()) if layout.exists(log) else 0
+    log, errors = layout.errors_url if layout.remote else layout.errors, 0
+    if layout.exists(log):
+        with fsspec.open(log, "rb") as f:
+            errors = sum(1 for _ in f)
     return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - started, tok.meta.name,
                    tok.engine, getattr(tok, "engine_reason", ""), notes=["already complete: nothing to do"])
