@@ -40,9 +40,11 @@ TRICKY = [
 
 
 def expected(lines: list[bytes], name: str) -> tuple[list[dict], list[int]]:
-    """Documents {id, text} and the 1-based line numbers of bad records, as json.loads sees them."""
-    docs, bad = [], []
+    """Documents {id, text} and the 1-based line numbers of bad records, as json.loads sees them; a record
+    without an id is named after the byte its line starts at."""
+    docs, bad, start = [], [], 0
     for n, raw in enumerate(lines, 1):
+        at, start = start, start + len(raw) + 1
         try:
             obj = json.loads(raw)
             text = obj.get("text") if isinstance(obj, dict) else None
@@ -53,7 +55,7 @@ def expected(lines: list[bytes], name: str) -> tuple[list[dict], list[int]]:
         if not isinstance(text, str):
             bad.append(n)
             continue
-        docs.append({"id": str(obj["id"]) if obj.get("id") is not None else f"{name}:{n}", "text": text})
+        docs.append({"id": str(obj["id"]) if obj.get("id") is not None else f"{name}@{at}", "text": text})
     return docs, bad
 
 

@@ -70,7 +70,8 @@ def test_inputs_gzip_parquet_txt_and_ids(tmp_path):
     out = tmp_path / "ds"
     run("tokenize", src, "-o", out, "--no-progress")
     back = [json.loads(line) for line in run("decode", out).stdout.splitlines()]
-    assert back == [{"id": "a.jsonl.gz:1", "text": "alpha"}, {"id": "b", "text": "beta"},
+    # a JSONL record without an id is named after the byte its line starts at in the decompressed file
+    assert back == [{"id": "a.jsonl.gz@0", "text": "alpha"}, {"id": "b", "text": "beta"},
                     {"id": "c.parquet:0", "text": "gamma"}, {"id": "c.parquet:1", "text": "delta"},
                     {"id": "d.txt", "text": "epsilon\nzeta"}]
 

@@ -1,5 +1,6 @@
-"""The journal keeps an open shard's written record batches in its temp file, and only the documents still in
-memory in a spill: a crash at any point resumes to the bytes of an uninterrupted run."""
+"""Workers write finished shards; the journal lists those the coordinator put in place: a crash at any point
+(before, during or after a worker's shard write, between putting shards in place and the journal save,
+between two manifests) resumes to the bytes of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -7,87 +8,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import zstandard
 
-import dataflow.formats.arrow as arrow
 from dataflow import ShardWriter, TokenizerMeta
 from dataflow.formats.writer import DocIds
-from dataflow.preprocess.journal import SpilledWriter
 import tokenize_kill_points as kill_points
 from test_tokenize_scale import DATAFLOW, dataset_bytes
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
-
-
-def _docs(n, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 257, size=rng.integers(1, 300)).astype(np.uint16) for _ in range(n)]
-
-
-def _write(sw, docs, ids):
-    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
-    sw.write_batch(np.concatenate(docs), offsets, DocIds.from_list(ids))
-
-
-def _shards(folder):
-    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder)) if n.startswith("shard-")}
-
-
-@pytest.mark.parametrize("fmt", ["arrow", "tar"])
-@pytest.mark.parametrize("finish_before_crash", [False, True])
-def test_restore_from_the_journal_gives_the_bytes_of_an_uninterrupted_run(tmp_path, monkeypatch, fmt,
-                                                                         finish_before_crash):
-    """Save the journal state mid-shard (record batches written, more documents in memory), write on (also past
-    the end of that shard: its temp file is renamed before the crash), crash, restore, write the rest."""
-    monkeypatch.setattr(arrow, "RECORD_BATCH_TOKENS", 3000)
-    docs, ids = _docs(900), [f"d{i}" for i in range(900)]
-    with ShardWriter(str(tmp_path / "ref"), tokenizer_meta=BYTES, format=fmt, shard_size="60KB") as w:
-        _write(w, docs, ids)
-    (tmp_path / "run").mkdir()
-    (tmp_path / "work").mkdir()
-    w = ShardWriter(str(tmp_path / "run"), tokenizer_meta=BYTES, format=fmt, shard_size="60KB")
-    sw = SpilledWriter(w, str(tmp_path / "work"), "train")
-    k = 0
-    while not (fmt == "tar" and k == 200 or w._file is not None and len(w._file.layout) >= 2 and w.pending_count):
-        _write(sw, docs[k:k + 1], ids[k:k + 1])  # one at a time: up to both kinds of state in the open shard
-        k += 1
-    state = json.loads(json.dumps(sw.state()))  # as the journal stores it
-    shards_then, more = len(w.shards), k
-    while more < len(docs) and (len(w.shards) == shards_then if finish_before_crash else more < k + 5):
-        _write(sw, docs[more:more + 1], ids[more:more + 1])  # on: to the end of that shard (renamed) or not
-        more += 1
-    assert (len(w.shards) > shards_then) == finish_before_crash
-    # crash: nothing is closed; a new process restores and writes what the journal did not cover
-    w2 = ShardWriter(str(tmp_path / "run"), tokenizer_meta=BYTES, format=fmt, shard_size="60KB")
-    sw2 = SpilledWriter(w2, str(tmp_path / "work"), "train")
-    sw2.restore(state)
-    _write(sw2, docs[k:], ids[k:])
-    sw2.state()
-    sw2.forget_stale()
-    w2.close()
-    assert _shards(tmp_path / "run") == _shards(tmp_path / "ref")
-    assert [n for n in os.listdir(tmp_path / "run") if n.endswith(".tmp")] == []
-
-
-def test_the_spill_holds_only_what_no_file_holds(tmp_path, monkeypatch):
-    """Arrow: tokens go to their shard once; the spill mirrors only the record batch still being filled."""
-    monkeypatch.setattr(arrow, "RECORD_BATCH_TOKENS", 3000)
-    docs, ids = _docs(2000, seed=1), [f"d{i}" for i in range(2000)]
-    w = ShardWriter(str(tmp_path / "run"), tokenizer_meta=BYTES, shard_size="1MB")
-    sw = SpilledWriter(w, str(tmp_path), "train")
-    spilled = 0
-    for start in range(0, 2000, 50):
-        _write(sw, docs[start:start + 50], ids[start:start + 50])
-        state = sw.state()
-        spilled = max(spilled, state["spill_bytes"])
-        sw.forget_stale()
-    assert spilled < 3000 * 2 + 50 * 300 * 2 + 4096  # < one record batch (and a unit) of uint16 tokens
-    assert len([n for n in os.listdir(tmp_path) if n.endswith(".spill")]) == 1
-    w.close()
 
 
 @pytest.fixture(scope="module")
@@ -103,24 +34,29 @@ def big_corpus(kjv, tmp_path_factory):
     return path
 
 
-def test_kill_9_between_and_inside_record_batches_resumes_to_the_same_bytes(big_corpus, tmp_path):
-    """Each run resumes the one before and is killed where the test chooses (tokenize_kill_points): with record
-    batches of the open shard on disk, in the middle of writing one, and with a new shard only in the spill."""
-    args = ["tokenize", str(big_corpus), "--no-progress", "--shard-size", "10MB", "--unit-size", "1MB"]
+POINTS = [(1, {"shard": "before", "unit": 9}), (2, {"shard": "during", "unit": 14}),
+          (1, {"shard": "after", "unit": 20}), (2, {"renamed": 26}), (1, {"next_unit": 33}),
+          (2, {"shard": "during", "unit": 40})]
+
+
+def test_kill_9_around_a_workers_shard_write_resumes_to_the_same_bytes(big_corpus, tmp_path):
+    """Each run resumes the one before and is killed where the test chooses (tokenize_kill_points), with 1 worker
+    (in this process) and 2 (in a worker process: the run dies with it)."""
+    args = ["tokenize", str(big_corpus), "--no-progress", "--shard-size", "600KB", "--unit-size", "1MB"]
     subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref"), "--workers", "2"], check=True,
                    capture_output=True)
     out = tmp_path / "killed"
     journal = out / "_work" / "task-00000" / "journal.json"
-    for workers, when in [(1, {"open_file": True}), (2, {"torn_batch": True}), (1, {"fresh_shard": True})]:
+    committed = -1
+    for workers, when in POINTS:
         p = subprocess.run(kill_points.command(when, *args, "-o", out, "--workers", workers), capture_output=True)
         assert p.returncode == -signal.SIGKILL, (when, p.stderr.decode())  # it got there, and died there
-        train = json.loads(journal.read_text())["splits"]["train"]
-        if "fresh_shard" in when:
-            assert train["shards"] and not train["file"] and train["spill_bytes"] > 0
-        else:
-            assert train["file"]["batches"] >= 1 and train["spill_bytes"] > 0
-        if "torn_batch" in when:  # the temp file holds half a batch more than the journal names
-            assert (out / train["file"]["temp"]).stat().st_size > train["file"]["bytes"]
+        progress = json.loads(journal.read_text())
+        assert progress["next_unit"] > committed, when  # every run got further
+        committed = progress["next_unit"]
+        listed = {s["path"] for s in progress["shards"]["train"]}
+        if "renamed" in when:  # shards in place that no journal lists yet: the rerun drops and redoes them
+            assert set(n for n in os.listdir(out) if n.startswith("shard-")) - listed
     subprocess.run([*DATAFLOW, *args, "-o", str(out), "--workers", "1"], check=True, capture_output=True)
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert not (out / "_work").exists()
@@ -135,7 +71,8 @@ def test_soak_many_kills_resume_to_the_same_bytes(big_corpus, tmp_path):
                    capture_output=True)
     out = tmp_path / "killed"
     rng = np.random.default_rng(7)
-    states = [{"open_file": True}, {"torn_batch": True}, {"fresh_shard": True}]
+    states = [{"shard": "before", "unit": 0}, {"shard": "during", "unit": 0}, {"shard": "after", "unit": 0},
+              {"renamed": 0}]
     for round_ in range(12):
         workers = str(1 + round_ % 2)
         if round_ % 3 == 2:  # a random moment: no claim about what it hits
@@ -147,7 +84,9 @@ def test_soak_many_kills_resume_to_the_same_bytes(big_corpus, tmp_path):
                 proc.kill()
                 proc.wait()
         else:
-            when = states[int(rng.integers(len(states)))]
+            when = dict(states[int(rng.integers(len(states)))])
+            key = "renamed" if "renamed" in when else "unit"
+            when[key] = int(rng.integers(0, 44))
             p = subprocess.run(kill_points.command(when, *args, "-o", out, "--workers", workers), capture_output=True)
             assert p.returncode in (0, -signal.SIGKILL), p.stderr.decode()
         if not (out / "_work").exists() and (out / "index.json").exists():
@@ -179,37 +118,59 @@ def test_a_consumer_that_stops_early_stops_the_reading_thread_at_once():
 
 
 def test_interrupted_runs_resume_to_the_same_bytes_and_leave_no_temp_file(big_corpus, tmp_path):
-    """Ctrl-C (or any error) while a shard is half written keeps what the journal names; the rerun, which here
-    finishes before its first save, resumes to the bytes of an uninterrupted run and removes the temp file."""
+    """Ctrl-C while a worker's shard is half written: exit 130 without a traceback, nothing half written in the
+    dataset; the rerun resumes to the bytes of an uninterrupted run."""
     args = ["tokenize", str(big_corpus), "--no-progress", "--shard-size", "100MB", "--unit-size", "1MB",
             "--workers", "1"]
     subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref")], check=True, capture_output=True)
     out = tmp_path / "out"
-    p = subprocess.run(kill_points.command({"open_file": True, "signal": "INT"}, *args, "-o", out),
+    p = subprocess.run(kill_points.command({"shard": "during", "unit": 12, "signal": "INT"}, *args, "-o", out),
                        capture_output=True, text=True)
     assert p.returncode == 130 and "Traceback" not in p.stderr, p.stderr
-    assert [n for n in os.listdir(out) if n.endswith(".tmp")]  # kept for the rerun
+    assert [n for n in os.listdir(out) if n.endswith(".tmp")] == []
     env = dict(os.environ, DATAFLOW_JOURNAL_SECONDS="100")
     subprocess.run([*DATAFLOW, *args, "-o", str(out)], check=True, capture_output=True, env=env)
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert [n for n in os.listdir(out) if n.startswith(".") or n == "_work"] == []
 
 
-def test_a_kill_between_the_manifests_of_two_splits_resumes(kjv, tmp_path):
-    """train/index.json written, val's not yet: the rerun does not take the run for finished; it completes."""
-    args = ["tokenize", str(kjv), "--no-progress", "--val-fraction", "0.1", "--workers", "1"]
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_stops_at_once_and_the_rerun_resumes(big_corpus, tmp_path, workers):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while a worker is in the middle of a
+    bundle: `interrupted` and exit 130 within 2 s, not after the bundles in flight; the rerun completes."""
+    import time
+
+    args = ["tokenize", str(big_corpus), "--no-progress", "--unit-size", "4MB", "--workers", workers]
+    out, marker = tmp_path / "out", tmp_path / "holding"
+    proc = subprocess.Popen(kill_points.command({"hold": str(marker), "unit": 8}, *args, "-o", out),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        while not marker.exists():  # a worker holds bundle 8 (as a long one would); others may be done
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and err.strip() == "dataflow tokenize: interrupted", err
+    assert took < 2, took
+    subprocess.run([*DATAFLOW, *args, "-o", str(out)], check=True, capture_output=True)
+    subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref")], check=True, capture_output=True)
+    assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_kill_between_the_manifests_of_two_splits_resumes(kjv, tmp_path, workers):
+    """train/index.json written, val's not yet, the journal still there: the rerun does not take the run for
+    finished; it completes to the same bytes."""
+    args = ["tokenize", str(kjv), "--no-progress", "--val-fraction", "0.1", "--workers", workers,
+            "--unit-size", "256KB"]
     subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref")], check=True, capture_output=True)
     out = tmp_path / "out"
-    inject = ("import os, signal, sys\n"
-              "from dataflow.formats import writer\n"
-              "close = writer.ShardWriter.close\n"
-              "def killed(self):\n"
-              "    if self.out.endswith('val'): os.kill(os.getpid(), signal.SIGKILL)\n"
-              "    return close(self)\n"
-              "writer.ShardWriter.close = killed\n"
-              "from dataflow.cli import main\n"
-              "sys.exit(main(sys.argv[1:]))")
-    p = subprocess.run([sys.executable, "-c", inject, *args, "-o", str(out)], capture_output=True)
+    p = subprocess.run(kill_points.command({"manifest": True}, *args, "-o", out), capture_output=True)
     assert p.returncode == -signal.SIGKILL and (out / "train" / "index.json").exists()
     assert not (out / "val" / "index.json").exists()
     subprocess.run([*DATAFLOW, *args, "-o", str(out)], check=True, capture_output=True)

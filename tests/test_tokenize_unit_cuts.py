@@ -9,6 +9,7 @@ file; then end to end through the CLI, where a duplicated line would also shift 
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -129,4 +130,5 @@ def test_a_line_longer_than_many_units_is_one_document(tmp_path, long_lines, nam
     back = subprocess.run([*dataflow, "decode", str(out)], check=True, capture_output=True, text=True).stdout
     records = [json.loads(line) for line in back.splitlines()]
     assert [r["text"] for r in records] == [d["text"] for d in docs]
-    assert [r["id"] for r in records] == [f"{name}:1", f"{name}:2", f"{name}:3", "four"]
+    starts = [0] + list(itertools.accumulate(len(json.dumps(d)) + 1 for d in docs))  # where each line begins
+    assert [r["id"] for r in records] == [f"{name}@{starts[0]}", f"{name}@{starts[1]}", f"{name}@{starts[2]}", "four"]

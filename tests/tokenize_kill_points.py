@@ -1,56 +1,48 @@
 """Deterministic stop points for tokenize's crash tests (a helper, not a test module).
 
-`command(when, *args)` is a `dataflow tokenize` command line whose process stops itself at the first journal
-save where its state is the one `when` names, so a crash test kills the run where it chooses, on any machine,
-however fast or loaded: the state is read from what the journal saved, which depends on the data and the
-settings only. (The test suite saves the journal after every committed unit: DATAFLOW_JOURNAL_SECONDS=0.)
+`command(when, *args)` is a `dataflow tokenize` command line whose run stops itself (the whole run: its
+workers die with it) at the point `when` names, so a crash test kills the run where it chooses, on any
+machine, however fast or loaded: the points are states of the data, never moments. (The test suite saves
+the journal after every committed bundle: DATAFLOW_JOURNAL_SECONDS=0.)
 
 `when` holds one condition and optionally "signal" ("KILL", the default, or "INT" as Ctrl-C would):
-  {"next_unit": N}     N units committed           {"next_piece": N}  N pieces of a compressed file committed
-  {"open_file": true}  an open shard has record batches in its temp file (and documents in memory)
-  {"torn_batch": true} as open_file, then the next record batch of that shard is cut in its middle on disk,
-                       as a kill while it is being written leaves it
-  {"fresh_shard": true} a shard finished; the open one holds documents in memory (the spill) and no batch yet
-  {"pause": [MARKER, GO]} write MARKER, then wait until the file GO exists, and go on (no signal)
+  {"next_unit": N}     a journal save with N units committed   {"next_piece": N}  ... N pieces of a compressed file
+  {"shard": "before"|"during"|"after", "unit": N}  in the worker tokenizing the bundle that starts at unit N
+                       (or the first one after it): before its first shard is written, with that shard's temp
+                       file cut in its middle, or once the shard is finished but not yet handed back
+  {"hold": MARKER, "unit": N}  that worker writes MARKER before its first shard, then waits for ever (a bundle
+                       that takes long: for Ctrl-C tests; no signal)
+  {"renamed": N}       the coordinator has put the shards of the bundle starting at unit >= N in place, and
+                       no journal lists them yet
+  {"manifest": true}   the first split's manifest is written, the journal not yet removed
+  {"pause": [MARKER, GO]} at the first journal save: write MARKER, then wait until the file GO exists
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MAIN = os.getpid()
 
 
 def command(when: dict, *args: object) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), json.dumps(when), *map(str, args)]
 
 
-def _open_file(splits: dict) -> dict | None:
-    return next((s["file"] for s in splits.values() if s.get("file")), None)
-
-
-def _reached(progress, when: dict) -> bool:
-    splits = progress.splits
-    if "next_unit" in when:
-        return progress.next_unit >= when["next_unit"]
-    if "next_piece" in when:
-        return progress.next_piece >= when["next_piece"]
-    if "open_file" in when or "torn_batch" in when:
-        return _open_file(splits) is not None
-    if "fresh_shard" in when:
-        return any(s["shards"] and not s.get("file") and s["spill_bytes"] > 0 for s in splits.values())
-    if "pause" in when:
-        return True
-    raise ValueError(f"unknown stop point {when}")
-
-
 def _stop(when: dict) -> None:
-    os.kill(os.getpid(), signal.SIGINT if when.get("signal") == "INT" else signal.SIGKILL)
+    """Stop the run: the coordinator (and this process, when it is a worker)."""
+    sig = signal.SIGINT if when.get("signal") == "INT" else signal.SIGKILL
+    os.kill(MAIN, sig)
+    if os.getpid() != MAIN:
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
 
 
 def _pause(marker: str, go: str) -> None:
@@ -62,37 +54,74 @@ def _pause(marker: str, go: str) -> None:
         time.sleep(0.02)
 
 
-def _tear_next_batch(file_state: dict, when: dict) -> None:
-    """Cut the next record batch written to the shard `file_state` describes in its middle, then stop."""
+def _unit_of(name: str) -> int:
+    return int(re.search(r"unit-(\d+)-", os.path.basename(name)).group(1))
+
+
+def _install_shard_point(when: dict) -> None:
+    """Patch the worker's shard writing (inherited by forked workers)."""
     from dataflow.formats import arrow
+    from dataflow.formats.writer import ShardWriter
 
-    add = arrow.ArrowShardFile.add
+    flush, commit = ShardWriter.flush, arrow.ArrowShardFile.commit
 
-    def torn_add(self, *args, **kwargs):
-        add(self, *args, **kwargs)
-        if os.path.basename(self.temp_path) == file_state["temp"]:
-            _, size = self.sync()  # the batch is on disk, past what the journal names ...
-            os.truncate(self.temp_path, file_state["bytes"] + (size - file_state["bytes"]) // 2)  # ... half of it
+    def stopping_flush(self):
+        due = self._shard_docs and _unit_of(self.prefix) >= when["unit"]
+        if due and "hold" in when:
+            _pause(when["hold"], os.devnull + ".never")
+        if due and when.get("shard") == "before":
             _stop(when)
+        info = flush(self)
+        if due and when.get("shard") == "after":
+            _stop(when)
+        return info
 
-    arrow.ArrowShardFile.add = torn_add
+    def torn_commit(self):
+        if _unit_of(self.path) >= when["unit"]:
+            _, size = self.sync()
+            os.truncate(self.temp_path, size // 2)
+            _stop(when)
+        return commit(self)
+
+    ShardWriter.flush = stopping_flush
+    if when.get("shard") == "during":
+        arrow.ArrowShardFile.commit = torn_commit
 
 
 def _install(when: dict) -> None:
     from dataflow.preprocess import run
 
+    if "shard" in when or "hold" in when:
+        _install_shard_point(when)
+    if "renamed" in when:
+        commit = run.commit_bundle
+
+        def commit_then_stop(result, *args, **kwargs):
+            commit(result, *args, **kwargs)
+            if result.unit.index >= when["renamed"]:
+                _stop(when)
+
+        run.commit_bundle = commit_then_stop
+    if "manifest" in when:
+        write = run.write_manifest
+
+        def write_then_stop(*args, **kwargs):
+            write(*args, **kwargs)
+            _stop(when)
+
+        run.write_manifest = write_then_stop
     save = run.save_progress
     done = []
 
-    def save_then_stop(work_dir, progress, writers):
-        save(work_dir, progress, writers)
-        if done or not _reached(progress, when):
+    def save_then_stop(work_dir, progress):
+        save(work_dir, progress)
+        if done or not any(k in when for k in ("next_unit", "next_piece", "pause")):
+            return
+        if progress.next_unit < when.get("next_unit", 0) or progress.next_piece < when.get("next_piece", 0):
             return
         done.append(True)
         if "pause" in when:
             _pause(*when["pause"])
-        elif "torn_batch" in when:
-            _tear_next_batch(_open_file(progress.splits), when)
         else:
             _stop(when)
 

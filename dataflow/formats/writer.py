@@ -115,14 +115,6 @@ class _ShardBuffer:
         offsets = np.concatenate([[0], np.cumsum(np.frombuffer(self.id_lengths, dtype=np.int64))])
         return _string_array(offsets, bytes(self.ids))
 
-    def tail(self, start: int) -> tuple[np.ndarray, np.ndarray, "DocIds"]:
-        """Copies of documents `start:` as (values, offsets from 0, ids): the buffers stay free to grow."""
-        offsets = self.offsets()
-        id_offsets = np.concatenate([[0], np.cumsum(np.frombuffer(self.id_lengths, dtype=np.int64))])
-        values = self.values()[offsets[start]:].copy()
-        ids = DocIds(bytes(self.ids[id_offsets[start]:]), id_offsets[start:] - id_offsets[start])
-        return values, offsets[start:] - offsets[start], ids
-
 
 class ShardWriter:
     """Write token documents into shards plus `index.json`.
@@ -160,7 +152,6 @@ class ShardWriter:
         self.next_index = first_index
         self.shards: list[ShardInfo] = []
         self._pending = _ShardBuffer(self.dtype)  # arrow: the record batch being filled; tar: the whole shard
-        self.pending_generation = 0  # changes whenever the buffer starts afresh (its documents went to a file)
         self._file: arrow.ArrowShardFile | None = None  # the Arrow shard being written
         self._shard_docs = self._shard_tokens = 0  # documents and tokens of the open shard, written or pending
         self._written_docs = 0
@@ -244,45 +235,6 @@ class ShardWriter:
 
     def _new_pending(self) -> None:
         self._pending = _ShardBuffer(self.dtype)
-        self.pending_generation += 1
-
-    # --- crash safety (dataflow tokenize's journal) ------------------------------------------------------
-
-    def sync(self) -> dict[str, Any] | None:
-        """Make the open shard's written record batches durable and describe them for `reopen()` (None: there
-        are none). The documents not in them are `pending_documents()`."""
-        if self._file is None:
-            return None
-        batches, size = self._file.sync()
-        if not batches:
-            return None
-        return {"temp": os.path.basename(self._file.temp_path), "name": self._next_name(), "batches": batches,
-                "bytes": size}
-
-    def pending_documents(self, start: int = 0) -> tuple[np.ndarray, np.ndarray, DocIds]:
-        """Copies of the documents buffered in memory (in no file yet), from the `start`-th on."""
-        return self._pending.tail(start)
-
-    @property
-    def pending_count(self) -> int:
-        return len(self._pending)
-
-    def reopen(self, state: dict[str, Any]) -> None:
-        """Write again the record batches that `sync()` described, from the unfinished shard an interrupted run
-        left (or from the shard itself, if it was finished after `sync()`): the open shard continues as it was."""
-        path = os.path.join(self.out, state["temp"])
-        if not os.path.exists(path):  # renamed into place after the journal was written
-            path = os.path.join(self.out, state["name"])
-        if not os.path.exists(path) or os.path.getsize(path) < state["bytes"]:
-            raise ConfigError(f"{self.out}: the unfinished shard {state['name']} that the journal continues from is "
-                              f"gone or shorter than recorded; pass --overwrite to start again")
-        for i, batch in enumerate(arrow.read_batches(path, state["bytes"])):
-            if i == state["batches"]:
-                break
-            tokens = batch.column(0)
-            self.write_batch(tokens.flatten().to_numpy(zero_copy_only=False),
-                             tokens.offsets.to_numpy().astype(np.int64) - int(tokens.offsets[0].as_py()),
-                             DocIds.from_arrow(batch.column(1)))
 
     def _next_name(self) -> str:
         return f"{self.prefix}{self.next_index:05d}{shard_extension(self.format, self.compression)}"

@@ -30,12 +30,14 @@ BLOCK_BYTES = 1 << 21  # input bytes per block: one engine call and one output r
 class Block:
     """Consecutive records: `texts` (null for a bad record), `ids` (null when the input has none) and
     `errors` (why a record is bad; null for a good one), all of the same length; `positions`, where the
-    records are not numbered one after the other (a text file's lines), gives each one's place in its unit."""
+    records are not numbered one after the other (a text file's lines), gives each one's place in its unit;
+    `starts`, for JSONL, the byte offset in its (decompressed) file where each record's line begins."""
 
     texts: pa.Array
     ids: pa.Array
     errors: pa.Array
     positions: np.ndarray | None = None
+    starts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -52,11 +54,11 @@ def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id
     """Every record of one work unit, in order, a block at a time."""
     with read_errors(unit.file):
         if unit.data is not None:  # a piece of a compressed stream, decompressed by the main process
-            yield from jsonl_blocks(unit.data, text_field, id_field)
+            yield from jsonl_blocks(unit.data, text_field, id_field, base=unit.start)
         elif unit.kind == "jsonl":
             with open_decompressed(unit.file, seek=unit.start > 0) as f:
-                for chunk in _line_chunks(f, unit.start, unit.end):
-                    yield from jsonl_blocks(chunk, text_field, id_field)
+                for pos, chunk in _placed_line_chunks(f, unit.start, unit.end):
+                    yield from jsonl_blocks(chunk, text_field, id_field, base=pos)
         elif unit.kind == "parquet":
             for table in read_parquet_groups(unit.file, text_field, id_field, unit.start, unit.end):
                 yield from _parquet_blocks(table, text_field, id_field)
@@ -68,6 +70,12 @@ def _line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BY
     """Blocks of whole lines whose first byte lies in [start, end) (end None: to the end of the stream).
 
     Each line belongs to the unit its first byte lies in, so units cut anywhere give every line once."""
+    return (chunk for _, chunk in _placed_line_chunks(f, start, end, size))
+
+
+def _placed_line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BYTES) \
+        -> Iterator[tuple[int, bytes]]:
+    """`_line_chunks`, each with the offset in the stream of its first byte."""
     pos = 0
     rest = b""
     if start > 0:
@@ -87,10 +95,10 @@ def _line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BY
         chunk, rest = buf[:cut], buf[cut:]
         if end is not None and pos + len(chunk) >= end:
             last = chunk.find(b"\n", max(end - pos - 1, 0))
-            yield chunk[:len(chunk) if last < 0 else last + 1]
+            yield pos, chunk[:len(chunk) if last < 0 else last + 1]
             return
+        yield pos, chunk
         pos += len(chunk)
-        yield chunk
         if not block:
             return
 
@@ -114,24 +122,30 @@ def _first_line_at(f: IO[bytes], start: int, end: int | None, size: int) -> tupl
             return None
 
 
-def jsonl_blocks(data: bytes, text_field: str, id_field: str, size: int = BLOCK_BYTES) -> Iterator[Block]:
-    """The records of whole JSONL lines in `data`, BLOCK_BYTES of input at a time."""
+def jsonl_blocks(data: bytes, text_field: str, id_field: str, size: int = BLOCK_BYTES, base: int = 0) \
+        -> Iterator[Block]:
+    """The records of whole JSONL lines in `data` (which starts at byte `base` of its file), BLOCK_BYTES of
+    input at a time."""
     start = 0
     while start < len(data):
         stop = data.find(b"\n", min(start + size, len(data)) - 1)
         stop = len(data) if stop < 0 else stop + 1
-        yield parse_jsonl(data[start:stop], text_field, id_field)
+        yield parse_jsonl(data[start:stop], text_field, id_field, base + start)
         start = stop
 
 
-def parse_jsonl(chunk: bytes, text_field: str, id_field: str) -> Block:
+def parse_jsonl(chunk: bytes, text_field: str, id_field: str, base: int = 0) -> Block:
     """Whole JSONL lines as a block: pyarrow's reader when it reads them exactly, else line by line."""
-    lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+    ends = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+    lines = len(ends) + (not chunk.endswith(b"\n"))
     block = _pyarrow_jsonl(chunk, text_field, id_field, lines)
     if block is not None:
+        block.starts = base + np.concatenate([[0], ends + 1])[:lines].astype(np.int64)
         return block
-    records = [parse_json_line(raw, i, text_field, id_field) for i, raw in enumerate(chunk.splitlines(True))]
-    return block_of(records)
+    raws = chunk.splitlines(True)
+    block = block_of([parse_json_line(raw, i, text_field, id_field) for i, raw in enumerate(raws)])
+    block.starts = base + np.concatenate([[0], np.cumsum([len(raw) for raw in raws])])[:len(raws)].astype(np.int64)
+    return block
 
 
 def _pyarrow_jsonl(chunk: bytes, text_field: str, id_field: str, lines: int) -> Block | None:

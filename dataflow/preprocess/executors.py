@@ -1,63 +1,40 @@
-"""Where units run: in this process, on a local process pool, or on a Ray cluster.
+"""Where bundles run: on a local process pool (one process for --workers 1), or on a Ray cluster.
 
-Every executor yields unit outputs strictly in unit order, with at most `window` units in flight, so
-the commit side is the same for all of them and memory stays bounded. A compressed JSONL unit is read
-here and handed out as pieces of its decompressed stream (`pieces.py`), one output per piece. Scale-out beyond one machine
-uses an existing engine (Ray, or task slices run by Slurm/Kubernetes), never a home-made cluster.
+Every executor yields bundle results strictly in input order, with a bounded number of bundles in flight,
+so the commit side is the same for all of them and memory stays bounded. Each bundle is tokenized by
+`worker.tokenize_bundle` into finished shards in the scratch folder; what comes back is a few hundred bytes
+of manifest entries and counts, never tokens (a Ray task returns the same). A compressed JSONL file is read
+here and handed out as pieces of its decompressed stream (`pieces.py`), one bundle per piece. Bundles never
+run in the coordinator's own thread: a Ctrl-C there is handled at once (the workers are killed), never
+after an engine call of many seconds returns. Scale-out
+beyond one machine uses an existing engine (Ray, or task slices run by Slurm/Kubernetes), never a
+home-made cluster.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
-
-import pyarrow as pa
 
 from dataflow.errors import ConfigError
 from dataflow.lifetime import die_with_parent
 from dataflow.preprocess.pieces import expand
 from dataflow.preprocess.plan import Unit
-from dataflow.preprocess.worker import (UnitSpec, UnitStats, tokenize_unit_batches, tokenize_unit_in_memory,
-                                        tokenize_unit_to_file, worker_tokenizer)
-
-
-@dataclass
-class UnitOutput:
-    unit: Unit  # the unit or piece tokenized (without its data)
-    stats: UnitStats
-    batches: Iterable[pa.RecordBatch]
-    cleanup: Callable[[], None]
-
-
-def _read_stream(path: str) -> Iterator[pa.RecordBatch]:
-    with pa.memory_map(path, "r") as source:
-        yield from pa.ipc.open_stream(source)
-
-
-def _file_output(unit: Unit, stats: UnitStats, path: str) -> UnitOutput:
-    return UnitOutput(_without_data(unit), stats, _read_stream(path), lambda: os.path.exists(path) and os.remove(path))
-
-
-def _without_data(unit: Unit) -> Unit:
-    return dataclasses.replace(unit, data=None) if unit.data is not None else unit
-
-
-def _scratch_path(scratch: str, unit: Unit) -> str:
-    return os.path.join(scratch, f"unit-{unit.index:08d}" + (f"-{unit.piece:08d}" if unit.piece >= 0 else "")
-                        + ".arrows")
+from dataflow.preprocess.worker import BundleResult, UnitSpec, tokenize_bundle, worker_tokenizer
 
 
 def _warm(tokenizer: str, engine: str) -> None:
     die_with_parent()
+    # Ctrl-C reaches the whole process group: the coordinator alone handles it (and stops the workers at once)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker_tokenizer(tokenizer, engine)
 
 
@@ -76,27 +53,40 @@ def start_local_pool(workers: int, tokenizer: str, engine: str) -> ProcessPoolEx
     return pool
 
 
-def run_units(units: list[Unit], spec: UnitSpec, workers: int, executor: str, scratch: str,
-              pool: ProcessPoolExecutor | None = None, *, piece_bytes: int = 32 << 20,
-              first_piece: int = 0) -> Iterator[UnitOutput]:
-    """Tokenize `units` and yield their outputs in unit order (on `pool` when one is given).
+def stop_local_pool(pool: ProcessPoolExecutor, now: bool) -> None:
+    """Shut the pool down; `now` (an interrupt or an error): kill its workers first instead of waiting for the
+    bundles they are tokenizing (whose shards, in the scratch folder, no journal lists: a rerun redoes them)."""
+    if now:
+        # the executor's own map of its worker processes: it offers no public way to stop them mid-task. No
+        # future is cancelled: the pool fails them all as broken (Python 3.11 crashes its manager thread on a
+        # cancelled one, and the exit then hangs)
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.kill()
+    pool.shutdown(wait=not now)
 
-    Compressed JSONL units are cut into pieces of about `piece_bytes`; the first unit resumes at
+
+def run_bundles(bundles: list[list[Unit]], spec: UnitSpec, workers: int, executor: str, scratch: str,
+                pool: ProcessPoolExecutor | None = None, *, piece_bytes: int = 32 << 20,
+                first_piece: int = 0) -> Iterator[BundleResult]:
+    """Tokenize `bundles` into shards in `scratch` and yield their results in order (on `pool` when one is
+    given). Compressed JSONL files are cut into pieces of about `piece_bytes`; the first bundle resumes at
     `first_piece`."""
     os.makedirs(scratch, exist_ok=True)
-    units = expand(units, piece_bytes, first_piece)
+    work = expand(bundles, piece_bytes, first_piece)
     if executor == "ray":
-        yield from _run_ray(units, spec, workers)
+        yield from _run_ray(work, spec, workers, scratch)
     elif executor != "local":
         raise ConfigError(f"unknown executor {executor!r}; choose local or ray")
-    elif workers <= 1:  # in this process, streamed: each batch is committed as soon as it is tokenized
-        with contextlib.closing(_read_ahead(units)) as ahead:
-            for u in ahead:
-                stats = UnitStats(u.index, 0, 0)
-                yield UnitOutput(_without_data(u), stats, tokenize_unit_batches(u, spec, stats), lambda: None)
+    elif pool is not None:
+        yield from _run_pool(work, spec, workers, scratch, pool)
     else:
-        with pool or start_local_pool(workers, spec.tokenizer, spec.engine) as running:
-            yield from _run_pool(units, spec, workers, scratch, running)
+        running = start_local_pool(workers, spec.tokenizer, spec.engine)
+        try:
+            yield from _run_pool(work, spec, workers, scratch, running)
+        except BaseException:
+            stop_local_pool(running, now=True)
+            raise
+        stop_local_pool(running, now=False)
 
 
 def _threaded(items: Iterable, depth: int, name: str, drop: Callable[[object], None] = lambda item: None) -> Iterator:
@@ -147,47 +137,41 @@ def _threaded(items: Iterable, depth: int, name: str, drop: Callable[[object], N
 _END = object()
 
 
-def _read_ahead(units: Iterable[Unit]) -> Iterator[Unit]:
-    """`units`, the next one read on a thread while this one is tokenized: a compressed file's next piece
-    decompresses while the current one is encoded (both outside the GIL)."""
-    return _threaded(units, 1, "dataflow-read-ahead")
+def _run_pool(bundles: Iterable[list[Unit]], spec: UnitSpec, workers: int, scratch: str,
+              pool: ProcessPoolExecutor) -> Iterator[BundleResult]:
+    """Results in order. A feeder thread reads the next bundles (decompressing a compressed file's pieces)
+    and submits them while this thread commits; at most `2 * workers + 2` bundles are in flight. A caller
+    that stops early stops the pool (`stop_local_pool`), which fails the bundles still queued."""
+    submitted = (pool.submit(tokenize_bundle, bundle, spec, scratch) for bundle in bundles)
+    with contextlib.closing(_threaded(submitted, 2 * workers + 1, "dataflow-feeder")) as futures:
+        for future in futures:
+            yield future.result()
 
 
-def _run_pool(units: Iterable[Unit], spec: UnitSpec, workers: int, scratch: str,
-              pool: ProcessPoolExecutor) -> Iterator[UnitOutput]:
-    """Outputs in unit order. A feeder thread reads the next units (decompressing a compressed file's
-    pieces) and submits them while this thread commits, so workers are not kept waiting by the commit;
-    at most `2 * workers + 2` units are in flight."""
-    def submitted() -> Iterator[tuple]:
-        for u in units:
-            path = _scratch_path(scratch, u)
-            yield pool.submit(tokenize_unit_to_file, u, spec, path), path, _without_data(u)
-
-    with contextlib.closing(_threaded(submitted(), 2 * workers + 1, "dataflow-feeder",
-                                      drop=lambda item: item[0].cancel())) as outputs:
-        for future, path, unit in outputs:
-            yield _file_output(unit, future.result(), path)
-
-
-def _run_ray(units: Iterable[Unit], spec: UnitSpec, workers: int) -> Iterator[UnitOutput]:
+def _run_ray(bundles: Iterable[list[Unit]], spec: UnitSpec, workers: int, scratch: str) -> Iterator[BundleResult]:
+    """Ray tasks write their shards to `scratch` (a folder every node sees) and return only their results."""
     try:
         import ray
     except ImportError:
         raise ConfigError("--executor ray needs Ray: pip install 'dataflow-lm[ray]'") from None
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
-    remote = ray.remote(num_cpus=1)(tokenize_unit_in_memory)
+    remote = ray.remote(num_cpus=1)(tokenize_bundle)
     window = max(workers, int(ray.available_resources().get("CPU", 1))) + 2
     pending: deque = deque()
-    todo = iter(units)
-    for u in todo:
-        pending.append((remote.remote(u, spec), _without_data(u)))
+    todo = iter(bundles)
+    for bundle in todo:
+        pending.append(remote.remote(bundle, spec, scratch))
         if len(pending) >= window:
             break
-    while pending:
-        ref, unit = pending.popleft()
-        stats, batches = ray.get(ref)
-        nxt = next(todo, None)
-        if nxt is not None:
-            pending.append((remote.remote(nxt, spec), _without_data(nxt)))
-        yield UnitOutput(unit, stats, batches, lambda: None)
+    try:
+        while pending:
+            result = ray.get(pending[0])
+            pending.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(remote.remote(nxt, spec, scratch))
+            yield result
+    finally:
+        for ref in pending:  # an interrupt or an error: the tasks still running are of no use
+            ray.cancel(ref, force=True)

@@ -7,6 +7,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 from dataflow.formats.manifest import MANIFEST_NAME
+from dataflow.preprocess import output
 
 if TYPE_CHECKING:
     from dataflow.preprocess.run import TokenizeConfig
@@ -19,35 +20,64 @@ class Layout:
 
     def __init__(self, cfg: TokenizeConfig):
         self.out = cfg.out
+        self.remote = output.is_remote(cfg.out)  # an object store: see output.py
         self.splits = ["train"] if cfg.val_fraction <= 0 else ["train", "val"]
         self.tasked = cfg.num_tasks > 1
         tag = f"{cfg.task_index:05d}"
-        self.work = os.path.join(cfg.out, WORK_DIR, f"task-{tag}")
-        self.errors = os.path.join(cfg.out, f"_errors-{tag}.jsonl" if self.tasked else "_errors.jsonl")
+        self.work_root = output.local_work_root(cfg.out) if self.remote else os.path.join(cfg.out, WORK_DIR)
+        self.work = os.path.join(self.work_root, f"task-{tag}")
+        errors = f"_errors-{tag}.jsonl" if self.tasked else "_errors.jsonl"
+        self.errors = os.path.join(self.work_root if self.remote else cfg.out, errors)  # written here, locally
+        self.errors_url = output.join(cfg.out, errors)  # and finally there
         self.part = f"part-{tag}" if self.tasked else None
 
     def split_dir(self, split: str) -> str:
-        return self.out if self.splits == ["train"] else os.path.join(self.out, split)
+        return self.out if self.splits == ["train"] else output.join(self.out, split)
 
     def writer_dir(self, split: str) -> str:
-        return os.path.join(self.split_dir(split), self.part) if self.part else self.split_dir(split)
+        return output.join(self.split_dir(split), self.part) if self.part else self.split_dir(split)
+
+    def exists(self, path: str) -> bool:
+        return output.exists(path) if self.remote else os.path.exists(path)
 
     def finished_manifest(self) -> str | None:
-        path = os.path.join(self.writer_dir("train"), MANIFEST_NAME)
-        return path if os.path.exists(path) else None
+        path = output.join(self.writer_dir("train"), MANIFEST_NAME)
+        return path if self.exists(path) else None
 
-    def remove_partial_writes(self, keep: set[str] = frozenset()) -> None:
-        """Temp files of atomic writes that a killed run left behind (they never became shards), but for those
-        in `keep` (open shards its journal continues from)."""
+    def remove_partial_writes(self) -> None:
+        """Temp files of atomic writes that a killed run left behind (they never became shards)."""
+        if self.remote:
+            return
         for split in self.splits:
             folder = self.writer_dir(split)
             if os.path.isdir(folder):
                 for name in os.listdir(folder):
-                    if name.startswith(".") and name.endswith(".tmp") and name not in keep:
+                    if name.startswith(".") and name.endswith(".tmp"):
+                        os.remove(os.path.join(folder, name))
+
+    def remove_unlisted_shards(self, listed: dict[str, set[str]]) -> None:
+        """Shards an interrupted run put in place after its last journal save (its rerun writes them again)."""
+        if self.remote:
+            for split in self.splits:
+                output.remove_shards(self.writer_dir(split), keep=listed.get(split, set()))
+            return
+        for split in self.splits:
+            folder = self.writer_dir(split)
+            if os.path.isdir(folder):
+                for name in os.listdir(folder):
+                    if name.startswith("shard-") and name not in listed.get(split, ()):
                         os.remove(os.path.join(folder, name))
 
     def clear(self) -> None:
         """Remove this task's earlier output (for --overwrite)."""
+        if self.remote:
+            for split in ("train", "val"):
+                output.remove_shards(self.writer_dir(split), also=(MANIFEST_NAME, "tokenizer.json",
+                                                                  "tokenizer.tiktoken"))
+            shutil.rmtree(self.work, ignore_errors=True)
+            if os.path.exists(self.errors):
+                os.remove(self.errors)
+            return
         for path in [self.work, self.errors] + [self.writer_dir(s) for s in ("train", "val")]:
             if os.path.isdir(path) and path != self.out:
                 shutil.rmtree(path)

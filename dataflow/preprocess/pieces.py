@@ -15,25 +15,24 @@ from typing import IO, Iterable, Iterator
 import fsspec
 
 from dataflow.preprocess.compressed import decompressed, read_errors
-from dataflow.preprocess.plan import Unit
+from dataflow.preprocess.plan import Unit, cut_into_pieces
 from dataflow.preprocess.sources import split_compression
 
 
 READ_SIZE = 8 << 20  # compressed bytes per read of the source
 
 
-def splits_into_pieces(unit: Unit) -> bool:
-    """A whole compressed JSONL file: read by this process and cut into pieces for the workers."""
-    return unit.kind == "jsonl" and unit.data is None and split_compression(unit.file)[1] is not None
+splits_into_pieces = cut_into_pieces
 
 
-def expand(units: Iterable[Unit], piece_bytes: int, first_piece: int = 0) -> Iterator[Unit]:
-    """`units` with each compressed JSONL file replaced by its pieces (the first unit resumes at `first_piece`)."""
-    for n, unit in enumerate(units):
-        if splits_into_pieces(unit):
-            yield from pieces(unit, piece_bytes, first_piece if n == 0 else 0)
+def expand(bundles: Iterable[list[Unit]], piece_bytes: int, first_piece: int = 0) -> Iterator[list[Unit]]:
+    """`bundles` with each compressed JSONL file replaced by its pieces, each a bundle of its own (the first
+    bundle resumes at `first_piece`)."""
+    for n, bundle in enumerate(bundles):
+        if len(bundle) == 1 and splits_into_pieces(bundle[0]):
+            yield from ([piece] for piece in pieces(bundle[0], piece_bytes, first_piece if n == 0 else 0))
         else:
-            yield unit
+            yield bundle
 
 
 def _read_full(f: IO[bytes], n: int) -> bytes:
@@ -51,20 +50,24 @@ def _read_full(f: IO[bytes], n: int) -> bytes:
 def pieces(unit: Unit, piece_bytes: int, skip: int = 0) -> Iterator[Unit]:
     """The pieces of one compressed JSONL unit from piece `skip` on; the last has `last=True`.
 
-    Each piece carries its number, its decompressed bytes (`data`, `size`) and how far into the
-    compressed file the reading has come (`read`, for the progress estimate)."""
+    Each piece carries its number, its decompressed bytes (`data`, `size`), where they start in the
+    decompressed stream (`start`, for ids derived from it) and how far into the compressed file the reading
+    has come (`read`, for the progress estimate)."""
     _, codec = split_compression(unit.file)
     # large reads of the source (zstd): each one takes the GIL back from the thread that commits, and at the
     # default 128 KB a busy main thread made decompression 8x slower
     with read_errors(unit.file), fsspec.open(unit.file, "rb") as raw, \
             decompressed(raw, codec, unit.file, read_size=READ_SIZE) as f:
         held: Unit | None = None
+        start = 0
         for number, data in enumerate(_cut(f, piece_bytes)):
             if held is not None:
                 yield held
                 held = None
             if number >= skip:
-                held = dataclasses.replace(unit, piece=number, data=data, size=len(data), read=raw.tell(), last=False)
+                held = dataclasses.replace(unit, piece=number, data=data, start=start, size=len(data),
+                                           read=raw.tell(), last=False)
+            start += len(data)
         if held is not None:
             yield dataclasses.replace(held, last=True)
         elif skip == 0:  # an empty stream: one empty piece, so the unit is still committed
@@ -72,18 +75,21 @@ def pieces(unit: Unit, piece_bytes: int, skip: int = 0) -> Iterator[Unit]:
 
 
 def _cut(f: IO[bytes], piece_bytes: int) -> Iterator[bytes]:
-    """The stream in pieces of about `piece_bytes` that end at a line end (the last one: at the end)."""
-    rest = b""
+    """The stream in pieces of whole lines: piece k holds the lines whose first byte lies in
+    [k * piece_bytes, (k + 1) * piece_bytes), as the byte ranges of an uncompressed file are cut (`plan.py`),
+    so a file and its compressed copy give the same shards. A range in which no line starts gives no piece."""
+    data, pos, ended = b"", 0, False  # pos: where data starts in the stream
     while True:
-        block = _read_full(f, piece_bytes)
-        data = rest + block if rest else block
-        if not block:
+        boundary = (pos // piece_bytes + 1) * piece_bytes
+        cut = data.find(b"\n", max(boundary - 1 - pos, 0))  # the end of the line holding byte boundary - 1
+        if cut >= 0:
+            yield data[:cut + 1]
+            pos, data = pos + cut + 1, data[cut + 1:]
+        elif ended:
             if data:
                 yield data
             return
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:  # no line end yet: a line longer than a piece
-            rest = data
-            continue
-        rest = data[cut:]
-        yield data[:cut]
+        else:
+            block = _read_full(f, piece_bytes)
+            ended = not block
+            data = data + block if data else block

@@ -1,10 +1,12 @@
-"""`dataflow tokenize`: inputs -> work units -> workers -> ordered commit -> shards, resumable.
+"""`dataflow tokenize`: inputs -> bundles of units -> workers write finished shards -> ordered commit, resumable.
 
-Workers tokenize units in any order; the main process commits their outputs strictly in unit order
-into `ShardWriter`s, so shard boundaries and bytes depend only on the data, never on the number of
-workers, the executor or interruptions. Ids, the validation split and error counting happen at commit
-time (`commit.py`), in input order, for the same reason. After each unit the journal (`journal.py`)
-records the progress, so a rerun of the same command continues where a crash stopped it.
+The input is cut into bundles of at most `--unit-size` of input (`plan.py`), a cut that depends on the
+input and the output settings only. Workers tokenize bundles in any order, each into finished shards of
+its own (`worker.py`: ids, the validation split, compression and hashing happen there); this process
+commits them strictly in input order (`commit.py`: renames, error log, counters), so the bytes depend
+only on the data and the settings, never on the number of workers, the executor or interruptions. After
+committed bundles the journal (`journal.py`) records the progress, so a rerun of the same command
+continues where a crash stopped it.
 """
 
 from __future__ import annotations
@@ -20,16 +22,19 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
+import fsspec
+
 import dataflow
 from dataflow.errors import ConfigError, DataflowError
-from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
-from dataflow.formats.writer import DEFAULT_SHARD_SIZE, ShardWriter, parse_size
+from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, TokenizerMeta, read_manifest, write_manifest
+from dataflow.formats.writer import DEFAULT_SHARD_SIZE, parse_size, shard_extension
 from dataflow.preprocess.blocks import read_unit_blocks
-from dataflow.preprocess.commit import commit_unit
-from dataflow.preprocess.executors import run_units, start_local_pool
-from dataflow.preprocess.journal import Progress, SpilledWriter, load_progress, save_progress, save_seconds
-from dataflow.preprocess.layout import WORK_DIR, Layout
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, auto_unit_bytes, file_sizes, input_bytes, plan_units
+from dataflow.preprocess.commit import commit_bundle
+from dataflow.preprocess.executors import run_bundles, start_local_pool, stop_local_pool
+from dataflow.preprocess.journal import Progress, load_progress, save_progress, save_seconds
+from dataflow.preprocess import output
+from dataflow.preprocess.layout import Layout
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.sources import expand_inputs, first_record_fields
 from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
@@ -57,7 +62,7 @@ class TokenizeConfig:
     val_fraction: float = 0.0
     eos: bool = True
     max_errors: int = 100
-    unit_bytes: int | None = None  # None: sized to the input and workers (fixed when num_tasks > 1)
+    unit_bytes: int | None = None  # input per bundle of work (None: DEFAULT_UNIT_BYTES); shards never span two
     num_tasks: int = 1
     task_index: int = 0
     overwrite: bool = False
@@ -68,8 +73,7 @@ class TokenizeConfig:
         d = asdict(self)
         for k in ("out", "workers", "executor", "task_index", "overwrite", "progress"):
             d.pop(k)
-        if self.num_tasks == 1:  # the unit cut changes no output byte; only task slices depend on it
-            d.pop("unit_bytes")
+        d["unit_bytes"] = self.unit_bytes or DEFAULT_UNIT_BYTES  # shards end where bundles end
         d["shard_size"] = parse_size(self.shard_size)
         return json.loads(json.dumps(d))
 
@@ -200,8 +204,9 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
 def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
     """Hold an exclusive lock on this task's work for the run: a second `dataflow tokenize` into the same
     folder (and task) is refused at once instead of racing the first."""
-    work_root = os.path.dirname(layout.work)
-    made = [d for d in (cfg.out, work_root) if not os.path.isdir(d)]  # removed again if left empty
+    work_root = layout.work_root
+    made = [d for d in ((work_root,) if layout.remote else (cfg.out, work_root)) if not os.path.isdir(d)]
+    # (the folders made are removed again if left empty)
     try:
         os.makedirs(work_root, exist_ok=True)
     except OSError as e:
@@ -229,79 +234,48 @@ def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
 
 
 def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int) -> Summary:
-    journaled = load_progress(layout.work)
-    sizes = file_sizes(files)
-    unit_bytes = (journaled.unit_bytes if journaled and journaled.unit_bytes else cfg.unit_bytes
-                  or (DEFAULT_UNIT_BYTES if cfg.num_tasks > 1 else auto_unit_bytes(input_bytes(files, sizes), workers)))
-    all_units = plan_units(files, unit_bytes, sizes)
+    unit_bytes = cfg.unit_bytes or DEFAULT_UNIT_BYTES
+    all_units = plan_units(files, unit_bytes, file_sizes(files), _display_names(files))
     _check_fields(all_units, cfg.text_field, cfg.id_field)
     tok = load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(all_units, cfg))
-    lo = cfg.task_index * len(all_units) // cfg.num_tasks
-    hi = (cfg.task_index + 1) * len(all_units) // cfg.num_tasks
-    units = all_units[lo:hi]
+    bundles = bundle_units(all_units, unit_bytes)
+    lo = cfg.task_index * len(bundles) // cfg.num_tasks
+    hi = (cfg.task_index + 1) * len(bundles) // cfg.num_tasks
+    mine = bundles[lo:hi]
+    units = [u for bundle in mine for u in bundle]
+    journaled = load_progress(layout.work)
     # finished: a manifest and no work left behind (a run killed while closing its splits has written some)
     done = layout.finished_manifest() if journaled is None and not os.path.isdir(layout.work) else None
     if done:
         _refuse_if_different(cfg, read_manifest(done).provenance.get("settings"), cfg.out)
         return _summary_of_finished(cfg, layout, tok, started)
-    progress = journaled
-    if progress is not None:
-        _refuse_if_different(cfg, progress.settings, cfg.out)
-    elif os.path.isdir(cfg.out) and any(os.path.exists(os.path.join(layout.split_dir(s), MANIFEST_NAME))
-                                        for s in ("train", "val")) and not layout.tasked:
-        previous = read_manifest(os.path.join(layout.split_dir("train"), MANIFEST_NAME)) \
-            if os.path.exists(os.path.join(layout.split_dir("train"), MANIFEST_NAME)) else None
-        _refuse_if_different(cfg, previous.provenance.get("settings") if previous else None, cfg.out)
-    os.makedirs(layout.work, exist_ok=True)
-    layout.remove_partial_writes(keep={split["file"]["temp"] for split in (progress.splits if progress else {}).values()
-                                       if split.get("file")})
-
-    writers = _open_writers(cfg, layout, tok, files, (lo, hi))
-    resumed_from = 0
-    if progress is None:
-        progress = Progress(settings=cfg.output_settings(), unit_bytes=unit_bytes)
-        with open(layout.errors, "w"):
-            pass
-        save_progress(layout.work, progress, writers)  # from here on, a rerun resumes
-    else:
-        resumed_from = progress.next_unit
-        for split, w in writers.items():
-            w.restore(progress.splits[split])
-        with open(layout.errors, "ab") as f:
-            f.truncate(progress.errors_log_bytes)
-
-    # a fallback decided here (from the sample) binds the workers; "auto" stays "auto" otherwise
+    progress = _start_or_resume(cfg, layout, journaled)
+    resumed_from = progress.next_unit if journaled else 0
+    metas = _copy_tokenizer(layout, tok)
     spec = UnitSpec(cfg.tokenizer, "hf" if tok.engine == "hf" else cfg.engine, cfg.text_field, cfg.id_field,
-                    tok.meta.eos_id if cfg.eos else None, tok.meta.dtype)
-    names = _display_names(files)
-    todo = units[progress.next_unit:]
-    bar = InputProgress(units, progress.next_unit, enabled=cfg.progress)
+                    tok.meta.eos_id if cfg.eos else None, tok.meta, tuple(layout.splits), cfg.format,
+                    cfg.compression, parse_size(cfg.shard_size), cfg.zstd_level, cfg.seed, cfg.val_fraction,
+                    {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None)
+    todo = [bundle for bundle in mine if bundle[0].index >= progress.next_unit]
+    bar = InputProgress(units, len(units) - sum(map(len, todo)), enabled=cfg.progress)
     scratch = os.path.join(layout.work, "units")
-    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)  # shards of bundles no journal listed: they are made again
+    split_dirs = None if layout.remote else {split: layout.writer_dir(split) for split in layout.splits}
+    extension = shard_extension(cfg.format, cfg.compression)
     saved = time.monotonic()
-    try:
-        with open(layout.errors, "a") as errlog, _local_pool(cfg, workers, spec, tok) as pool:
-            for out in run_units(todo, spec, workers, cfg.executor, scratch, pool, piece_bytes=unit_bytes,
-                                 first_piece=progress.next_piece):
-                unit = all_units[out.unit.index]
-                commit_unit(out, unit, names[unit.file], progress, writers, errlog, layout.errors,
-                            max_errors=cfg.max_errors, seed=cfg.seed, val_fraction=cfg.val_fraction)
-                if out.unit.last:  # a whole unit, or the last piece of a compressed one
-                    progress.next_unit, progress.next_piece = progress.next_unit + 1, 0
-                else:
-                    progress.next_piece = out.unit.piece + 1
-                if time.monotonic() - saved >= save_seconds():
-                    errlog.flush()
-                    progress.errors_log_bytes = errlog.tell()
-                    save_progress(layout.work, progress, writers)
-                    saved = time.monotonic()
-                bar.advance(out.unit, unit.size, progress.documents, progress.tokens)
-    except BaseException:
-        for w in writers.values():  # stop the writer threads; the files a journal names stay for the rerun
-            w.writer.abort(remove=False)
-        raise
+    with open(layout.errors, "a") as errlog, _local_pool(cfg, workers, spec, tok) as pool:
+        for result in run_bundles(todo, spec, workers, cfg.executor, scratch, pool, piece_bytes=unit_bytes,
+                                  first_piece=progress.next_piece):
+            commit_bundle(result, progress, scratch, split_dirs, extension, errlog, layout.errors, cfg.max_errors)
+            if time.monotonic() - saved >= save_seconds():
+                errlog.flush()
+                progress.errors_log_bytes = errlog.tell()
+                save_progress(layout.work, progress)
+                saved = time.monotonic()
+            for unit in result.units:
+                bar.advance(unit, all_units[unit.index].size, progress.documents, progress.tokens)
     bar.close()
-    datasets = _close_writers(cfg, layout, writers)
+    datasets = _write_manifests(cfg, layout, progress, metas, files, (lo, hi))
     notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
              f"are done"] if layout.tasked else []
     return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
@@ -309,62 +283,96 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
                    resumed_from, len(units), notes)
 
 
-def _open_writers(cfg: TokenizeConfig, layout: Layout, tok: Tokenizer, files: list[str],
-                  task_units: tuple[int, int]) -> dict[str, SpilledWriter]:
-    """One journaled shard writer per split, each with its copy of the tokenizer and the run's provenance."""
+def _start_or_resume(cfg: TokenizeConfig, layout: Layout, progress: Progress | None) -> Progress:
+    """The journaled progress of an interrupted run (its shards as listed, its error log as long as it was),
+    or a fresh journal; refuses work made with other settings."""
+    if progress is not None:
+        _refuse_if_different(cfg, progress.settings, cfg.out)
+    elif not layout.tasked and layout.exists(output.join(layout.split_dir("train"), MANIFEST_NAME)):
+        previous = read_manifest(output.join(layout.split_dir("train"), MANIFEST_NAME))
+        _refuse_if_different(cfg, previous.provenance.get("settings"), cfg.out)
+    elif not layout.tasked and layout.exists(output.join(layout.split_dir("val"), MANIFEST_NAME)):
+        _refuse_if_different(cfg, None, cfg.out)
+    os.makedirs(layout.work, exist_ok=True)
+    for split in layout.splits if not layout.remote else ():  # an object store has no folders to make
+        os.makedirs(layout.writer_dir(split), exist_ok=True)
+    layout.remove_partial_writes()
+    if progress is None:
+        progress = Progress(settings=cfg.output_settings())
+        with open(layout.errors, "w"):
+            pass
+        save_progress(layout.work, progress)  # from here on, a rerun resumes
+    else:
+        with open(layout.errors, "ab") as f:
+            f.truncate(progress.errors_log_bytes)
+    layout.remove_unlisted_shards({split: {s["path"] for s in shards} for split, shards in progress.shards.items()})
+    return progress
+
+
+def _copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
+    """The tokenizer's file beside each split's manifest, and the metadata that names it."""
+    if not layout.remote:
+        return {split: tok.copy_into(layout.writer_dir(split)) for split in layout.splits}
+    meta = tok.copy_into(layout.work)
+    for split in layout.splits:
+        if meta.file:
+            output.put_file(os.path.join(layout.work, meta.file), output.join(layout.writer_dir(split), meta.file))
+    return {split: meta for split in layout.splits}
+
+
+def _write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, metas: dict[str, TokenizerMeta],
+                     files: list[str], task_bundles: tuple[int, int]) -> dict[str, dict]:
+    """Every split's manifest over the shards the journal lists; then the work folder goes."""
     provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if layout.tasked:
-        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "units": list(task_units)}
-    writers: dict[str, SpilledWriter] = {}
-    for split in layout.splits:
-        os.makedirs(layout.writer_dir(split), exist_ok=True)
-        meta = tok.copy_into(layout.writer_dir(split))
-        w = ShardWriter(layout.writer_dir(split), tokenizer_meta=meta, format=cfg.format,
-                        compression=cfg.compression, shard_size=cfg.shard_size, zstd_level=cfg.zstd_level,
-                        provenance=provenance)
-        writers[split] = SpilledWriter(w, layout.work, split)
-    return writers
-
-
-def _close_writers(cfg: TokenizeConfig, layout: Layout, writers: dict[str, SpilledWriter]) -> dict[str, dict]:
-    """Finish every split (last shard, manifest), then drop the work folder and the files only it needed."""
+        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "bundles": list(task_bundles)}
     datasets = {}
-    for split, w in writers.items():
-        m = w.writer.close()
-        w.close()
+    for split in layout.splits:
+        shards = [ShardInfo(**s) for s in progress.shards.get(split, [])]
+        m = Manifest(tokenizer=metas[split], format=cfg.format, compression=cfg.compression,
+                     dtype=metas[split].dtype, shards=shards, provenance=provenance)
+        if layout.remote:
+            output.write_remote_manifest(layout.writer_dir(split), m)
+        else:
+            write_manifest(layout.writer_dir(split), m)
         datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
+    if layout.remote:
+        output.put_file(layout.errors, layout.errors_url)
+        os.remove(layout.errors)
     shutil.rmtree(layout.work)
-    for w in writers.values():  # the journal is gone: so are the files only it needed
-        w.release()
-    if not os.listdir(os.path.join(cfg.out, WORK_DIR)):
-        os.rmdir(os.path.join(cfg.out, WORK_DIR))
+    if not layout.remote and not os.listdir(layout.work_root):
+        os.rmdir(layout.work_root)  # (a remote run's, with its lock, goes when the lock is released)
     return datasets
 
 
 @contextlib.contextmanager
 def _local_pool(cfg: TokenizeConfig, workers: int, spec: UnitSpec, tok: Tokenizer) \
         -> Iterator[ProcessPoolExecutor | None]:
-    """The worker processes of a local run (None: units run in this process), started once the tokenizer is
+    """The worker processes of a local run (one for --workers 1; None for Ray), started once the tokenizer is
     loaded and proven here: forked workers inherit it and load nothing, spawned ones load it themselves."""
     if cfg.executor != "local":
         yield None
         return
     adopt_tokenizer(spec.tokenizer, spec.engine, tok)
-    pool = start_local_pool(workers, spec.tokenizer, spec.engine) if workers > 1 else None
+    pool = start_local_pool(workers, spec.tokenizer, spec.engine)
     try:
         yield pool
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+    except BaseException:  # Ctrl-C or an error: stop at once, not after the bundles in flight
+        stop_local_pool(pool, now=True)
+        raise
+    stop_local_pool(pool, now=False)
 
 
 def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, tok, started: float) -> Summary:
     datasets, docs, tokens = {}, 0, 0
     for split in layout.splits:
-        m = read_manifest(os.path.join(layout.writer_dir(split), MANIFEST_NAME))
+        m = read_manifest(output.join(layout.writer_dir(split), MANIFEST_NAME))
         datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
         docs, tokens = docs + m.documents, tokens + m.tokens
-    errors = sum(1 for _ in open(layout.errors)) if os.path.exists(layout.errors) else 0
+    log, errors = layout.errors_url if layout.remote else layout.errors, 0
+    if layout.exists(log):
+        with fsspec.open(log, "rb") as f:
+            errors = sum(1 for _ in f)
     return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - started, tok.meta.name,
                    tok.engine, getattr(tok, "engine_reason", ""), notes=["already complete: nothing to do"])

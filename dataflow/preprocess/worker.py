@@ -1,50 +1,78 @@
-"""The worker side of `dataflow tokenize`: one work unit -> a stream of tokenized record batches.
+"""The worker side of `dataflow tokenize`: one bundle of units (or one piece) -> finished shard files.
 
-A unit's output is an Arrow record-batch stream with one row per input record, in input order:
-`position` (record index in the unit; in a text file, the line the record starts at), `id` (null when the
-input has none), `tokens` (null for a bad record) and `error` (why a record is bad). Workers write it to a
-local file that the main process reads back batch by batch, so neither side holds a whole unit in memory,
-however large the unit.
+A worker reads its units, tokenizes them a block at a time, names the documents that carry no id, assigns
+each document to train or val, and writes the shards of every split itself: compressed, hashed and
+renamed into place in the run's scratch folder. What it returns is small (the shards' manifest entries,
+the record counts and the bad records), so the coordinator never touches a token: it only orders the
+shards, renames them into the dataset and keeps the journal. Everything a worker decides depends on its
+units alone, so the bytes never depend on which worker, executor or machine tokenized them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from dataflow.preprocess.blocks import Block, block_of, read_unit_blocks
+from dataflow.formats.manifest import ShardInfo, TokenizerMeta
+from dataflow.formats.writer import DocIds, ShardWriter
+from dataflow.preprocess.blocks import Block, read_unit_blocks
 from dataflow.preprocess.flat import append_eos, string_buffers
+from dataflow.preprocess.output import upload_shards
 from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)
 class UnitSpec:
-    """What every unit needs to know, shipped once to each worker."""
+    """What every unit needs to know, shipped with each bundle (a few hundred bytes)."""
 
     tokenizer: str
     engine: str
     text_field: str
     id_field: str
     eos_id: int | None
-    dtype: str
+    meta: TokenizerMeta
+    splits: tuple[str, ...] = ("train",)
+    format: str = "arrow"
+    compression: str = "zstd"
+    shard_size: int = 128 << 20
+    zstd_level: int | None = None
+    seed: int = 0
+    val_fraction: float = 0.0
+    remote_dirs: dict[str, str] | None = None  # object-store output: each split's URL, where workers upload
 
 
 @dataclass
-class UnitStats:
-    index: int
-    records: int
-    text_bytes: int
+class BundleResult:
+    """What a worker returns for one bundle: no token, only what the coordinator orders and logs."""
+
+    units: list[Unit]  # without their data
+    records: list[int] = field(default_factory=list)  # records read, per unit
+    errors: list[tuple[int, int, Any, str]] = field(default_factory=list)  # (unit k, position, id, reason)
+    shards: dict[str, list[ShardInfo]] = field(default_factory=dict)  # paths: file names in the scratch folder
+    documents: int = 0
+    tokens: int = 0
+    text_bytes: int = 0
+
+    @property
+    def unit(self) -> Unit:
+        """The bundle's first unit (a piece, for a compressed file)."""
+        return self.units[0]
 
 
-def unit_schema(dtype: str) -> pa.Schema:
-    value = pa.uint16() if dtype == "uint16" else pa.uint32()
-    return pa.schema([("position", pa.int64()), ("id", pa.string()), ("tokens", pa.list_(value)),
-                      ("error", pa.string())])
+def in_val_split(doc_id: str, seed: int, fraction: float) -> bool:
+    """Deterministic per-document split: a hash of (seed, id) mapped to [0, 1)."""
+    if fraction <= 0:
+        return False
+    h = hashlib.blake2b(f"{seed}:{doc_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") / 2.0**64 < fraction
 
 
 _TOKENIZERS: dict[tuple[str, str], Tokenizer] = {}
@@ -63,60 +91,96 @@ def adopt_tokenizer(tokenizer: str, engine: str, tok: Tokenizer) -> None:
     _TOKENIZERS[(tokenizer, engine)] = tok
 
 
-def tokenize_unit_batches(unit: Unit, spec: UnitSpec, stats: UnitStats) -> Iterator[pa.RecordBatch]:
-    """Read and tokenize one unit; yields one record batch per block of input (about BLOCK_BYTES)."""
+def shard_prefix(unit: Unit, split: str) -> str:
+    """The scratch names of a bundle's shards: its first unit (and piece), its split."""
+    return f"unit-{unit.index:08d}-{max(unit.piece, 0):06d}-{split}-"
+
+
+def tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> BundleResult:
+    """Tokenize a bundle of units into finished shards in `scratch` (one or more per split that got
+    documents; a shard closes at `spec.shard_size` bytes of tokens and at the end of the bundle)."""
     tok = worker_tokenizer(spec.tokenizer, spec.engine)
-    schema = unit_schema(spec.dtype)
-    empty = True
-    for block in read_unit_blocks(unit, spec.text_field, spec.id_field):
-        batch, text_bytes = encode_block(block, stats.records, tok, spec, schema)
-        stats.records += len(block)
-        stats.text_bytes += text_bytes
-        empty = False
-        yield batch
-    if empty:
-        yield encode_block(block_of([]), 0, tok, spec, schema)[0]
+    result = BundleResult([u.without_data() for u in bundle])
+    writers = {split: ShardWriter(scratch, tokenizer_meta=spec.meta, format=spec.format,
+                                  compression=spec.compression, shard_size=spec.shard_size,
+                                  zstd_level=spec.zstd_level, prefix=shard_prefix(bundle[0], split))
+               for split in spec.splits}
+    try:
+        for k, unit in enumerate(bundle):
+            read = 0
+            for block in read_unit_blocks(unit, spec.text_field, spec.id_field):
+                _write_block(block, k, read, unit, tok, spec, writers, result)
+                read += len(block)
+            result.records.append(read)
+        for split, w in writers.items():
+            w.flush()
+            result.shards[split] = list(w.shards)
+        if spec.remote_dirs:  # straight to their final names: an object store has no rename
+            for split, shards in result.shards.items():
+                result.shards[split] = upload_shards(scratch, shards, spec.remote_dirs[split], split)
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+            for shard in w.shards:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(scratch, shard.path))
+        raise
+    return result
 
 
-def encode_block(block: Block, first: int, tok: Tokenizer, spec: UnitSpec, schema: pa.Schema) \
-        -> tuple[pa.RecordBatch, int]:
-    """One block as a record batch (positions from `first`) and the UTF-8 bytes of its good texts.
-
-    The good texts go to the engine as one Arrow array; its flat ids, EOS added with array operations,
-    become the `tokens` list column directly (a bad record is a null row of length 0)."""
+def _write_block(block: Block, k: int, first: int, unit: Unit, tok: Tokenizer, spec: UnitSpec,
+                 writers: dict[str, ShardWriter], result: BundleResult) -> None:
+    """One block: its bad records to `result.errors`, its documents tokenized into the split writers."""
     n = len(block)
-    good = block.texts.drop_null() if block.texts.null_count else block.texts
-    values, offsets = append_eos(tok.encode_flat(good), spec.eos_id, spec.dtype)
-    if block.texts.null_count:
-        valid = block.texts.is_valid().to_numpy(zero_copy_only=False)
-        lengths = np.zeros(n, dtype=np.int64)
-        lengths[valid] = np.diff(offsets)
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        mask = pa.array(~valid)
+    positions = np.arange(first, first + n, dtype=np.int64) if block.positions is None else block.positions
+    good = np.ones(n, dtype=bool)
+    if block.errors.null_count < n:
+        for i in np.flatnonzero(block.errors.is_valid().to_numpy(zero_copy_only=False)).tolist():
+            good[i] = False
+            result.errors.append((k, int(positions[i]), block.ids[i].as_py(), block.errors[i].as_py()))
+    if not good.any():
+        return
+    keep = None if good.all() else pa.array(good)
+    texts = block.texts if keep is None else block.texts.filter(keep)
+    ids = _with_default_ids(block, positions, unit)
+    ids = ids if keep is None else ids.filter(keep)
+    values, offsets = append_eos(tok.encode_flat(texts), spec.eos_id, spec.meta.dtype)
+    result.text_bytes += int(string_buffers(texts)[0][-1])
+    if spec.val_fraction > 0:
+        to_val = np.array([in_val_split(d, spec.seed, spec.val_fraction) for d in ids.to_pylist()], dtype=bool)
+        for split, mask in (("train", ~to_val), ("val", to_val)):
+            if mask.any():
+                _write(writers[split], values, offsets, ids, mask, result)
     else:
-        mask = None
-    value_type = schema.field("tokens").type.value_type
-    tokens = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type),
-                                      mask=mask)
-    positions = pa.array(np.arange(first, first + n, dtype=np.int64) if block.positions is None else block.positions)
-    batch = pa.record_batch([positions, block.ids, tokens, block.errors], schema=schema)
-    return batch, int(string_buffers(good)[0][-1])
+        _write(writers["train"], values, offsets, ids, None, result)
 
 
-def tokenize_unit_to_file(unit: Unit, spec: UnitSpec, path: str) -> UnitStats:
-    """Tokenize one unit into an Arrow stream file at `path` (written to a temp name, then renamed)."""
-    stats = UnitStats(unit.index, 0, 0)
-    tmp = path + ".tmp"
-    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_stream(sink, unit_schema(spec.dtype)) as writer:
-        for batch in tokenize_unit_batches(unit, spec, stats):
-            writer.write_batch(batch)
-    os.replace(tmp, path)
-    return stats
+def _write(writer: ShardWriter, values: np.ndarray, offsets: np.ndarray, ids: pa.Array, mask: np.ndarray | None,
+           result: BundleResult) -> None:
+    """The documents of `mask` (all: None) into `writer`."""
+    if mask is not None and not mask.all():
+        lengths = np.diff(offsets)[mask]
+        values = values[np.repeat(mask, np.diff(offsets))]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        ids = ids.filter(pa.array(mask))
+    writer.write_batch(values, offsets, DocIds.from_arrow(ids))
+    result.documents += len(ids)
+    result.tokens += int(values.size)
 
 
-def tokenize_unit_in_memory(unit: Unit, spec: UnitSpec) -> tuple[UnitStats, list[pa.RecordBatch]]:
-    """Tokenize one unit into record batches returned to the caller (for Ray's object store)."""
-    stats = UnitStats(unit.index, 0, 0)
-    batches = list(tokenize_unit_batches(unit, spec, stats))
-    return stats, batches
+def _with_default_ids(block: Block, positions: np.ndarray, unit: Unit) -> pa.Array:
+    """Records without an id are named after their place: `file@byte` (JSONL: where the record's line
+    starts in the decompressed file), `file:row` (Parquet), or `file` (a text file's one document).
+    All three are known to the worker that reads the record, whatever the cut of the input."""
+    ids = block.ids
+    if not ids.null_count:
+        return ids
+    if unit.kind == "text":
+        default = pa.array([unit.name] * len(ids), pa.string())
+    elif unit.kind == "jsonl":
+        default = pc.binary_join_element_wise(pa.scalar(f"{unit.name}@"), pc.cast(pa.array(block.starts),
+                                                                                 pa.string()), "")
+    else:
+        rows = pa.array(unit.first_row + positions)
+        default = pc.binary_join_element_wise(pa.scalar(f"{unit.name}:"), pc.cast(rows, pa.string()), "")
+    return pc.if_else(ids.is_null(), default, ids)

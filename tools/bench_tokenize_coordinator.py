@@ -1,0 +1,124 @@
+"""The coordinator's share of `dataflow tokenize`'s CPU, the per-node ceiling it implies, and a projection.
+
+`dataflow tokenize` is run (in a child process that calls it as the CLI does) on two sizes of the same kind
+of corpus: KJV copies, each with its own letter substitution (distinct words), as uncompressed JSONL files,
+GPT-2 `tokenizer.json`, `--workers 2` by default. For each run the child reports the CPU time of its own
+process (`getrusage(RUSAGE_SELF)`: the coordinator, with its reader and feeder threads) and of its worker
+processes (`RUSAGE_CHILDREN`). The marginal figures, large run minus small run, cancel the fixed start
+(imports, tokenizer load and proof, pool start):
+
+  coordinator share = d(self CPU) / d(self + children CPU)     (the done-when: at most 3% at 2 workers)
+  coordinator ceiling = d(text bytes) / d(self CPU)             (the node can never tokenize faster)
+  worker rate = d(text bytes) / d(children CPU)                 (per busy core)
+  projection(n cores) = min(n x worker rate, ceiling)
+
+It also reports, for the large corpus as one `.jsonl.zst` file, that file's serial ceiling: the rate at which
+one process decompresses it and cuts it into pieces (what the coordinator does for a compressed file).
+
+    python tools/bench_tokenize_coordinator.py                  # 55 and 176 MB, as the issue measured
+    python tools/bench_tokenize_coordinator.py --mb 8,24         # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tools import repo_data  # noqa: E402
+from tools.bench_tokenize import single_zst, write_corpus  # noqa: E402
+
+CHILD = r"""
+import json, resource, sys, time
+from dataflow.preprocess.run import TokenizeConfig, tokenize
+inputs, out, tokenizer, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+t = time.perf_counter()
+s = tokenize(TokenizeConfig(inputs=[inputs], out=out, tokenizer=tokenizer, workers=workers, progress=False,
+                            overwrite=True))
+wall = time.perf_counter() - t
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"self": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime, "wall": wall,
+                  "text_bytes": s.text_bytes, "tokens": s.tokens, "engine": s.engine}))
+"""
+
+
+def measure(inputs: str, out: str, tokenizer: str, workers: int) -> dict:
+    """One tokenize run in a fresh process: its own CPU, its workers' CPU, its wall time and text bytes."""
+    env = dict(os.environ, RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+    p = subprocess.run([sys.executable, "-c", CHILD, inputs, out, tokenizer, str(workers)], capture_output=True,
+                       text=True, env=env, cwd=ROOT)
+    if p.returncode:
+        raise SystemExit(f"tokenize failed: {p.stderr.strip()[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def decompression_ceiling(path: str, piece_bytes: int = 32 << 20) -> float:
+    """MB/s of decompressed text one process gets out of `path`, cut into pieces as tokenize cuts it (CPU time)."""
+    from dataflow.preprocess.pieces import pieces
+    from dataflow.preprocess.plan import plan_units
+
+    unit = plan_units([path], piece_bytes)[0]
+    start, size = time.process_time(), 0
+    for piece in pieces(unit, piece_bytes):
+        size += piece.size
+    return size / 1e6 / max(time.process_time() - start, 1e-9)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mb", default="55,176", help="the two corpus sizes, MB of JSONL")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--work", default=os.path.join(ROOT, "bench-out", "coordinator"))
+    p.add_argument("--json", default=os.path.join(ROOT, "bench-out", "results", "tokenize_coordinator.json"))
+    args = p.parse_args()
+    sizes = [float(x) for x in args.mb.split(",")]
+    if len(sizes) != 2 or sizes[0] >= sizes[1]:
+        raise SystemExit("--mb takes two sizes, the smaller first (e.g. 55,176)")
+    gpt2 = str(repo_data.gpt2_json())
+    runs = []
+    for mb in sizes:
+        work = os.path.join(args.work, f"{mb:.0f}M")
+        write_corpus(work, mb, distinct=True)
+        r = measure(os.path.join(work, "input"), os.path.join(work, "out"), gpt2, args.workers)
+        runs.append(r)
+        print(f"{mb:>5.0f} MB: {r['text_bytes'] / 1e6:7.1f} MB of text, wall {r['wall']:6.1f} s, coordinator "
+              f"{r['self']:6.2f} CPU-s, workers {r['children']:7.2f} CPU-s ({r['engine']})", flush=True)
+    small, large = runs
+    d_text = (large["text_bytes"] - small["text_bytes"]) / 1e9  # GB
+    d_self, d_kids = large["self"] - small["self"], large["children"] - small["children"]
+    share = d_self / max(d_self + d_kids, 1e-9)
+    ceiling = d_text * 1e3 / max(d_self, 1e-9)  # MB/s
+    per_core = d_text * 1e3 / max(d_kids, 1e-9)
+    zst = decompression_ceiling(single_zst(os.path.join(args.work, f"{sizes[1]:.0f}M")))
+    print(f"\nmarginal, {sizes[0]:.0f} -> {sizes[1]:.0f} MB, --workers {args.workers}:")
+    print(f"  coordinator: {d_self / max(d_text, 1e-9):.2f} CPU-s per GB of text, {share:.1%} of all the CPU "
+          f"(target: at most 3%)")
+    if d_self > 0:
+        print(f"  per-node ceiling set by the coordinator: {ceiling:,.0f} MB/s of text")
+    else:  # the coordinator's marginal CPU is below the noise of its fixed start
+        ceiling = float("inf")
+        print("  per-node ceiling set by the coordinator: none measurable (its marginal CPU is within the noise)")
+    print(f"  workers: {per_core:.1f} MB/s of text per busy core")
+    for cores in (16, 64):
+        projected = min(cores * per_core, ceiling)
+        print(f"  {cores} cores: {projected:,.0f} MB/s projected ({projected / (cores * per_core):.0%} of what "
+              f"{cores} workers could do)")
+    print(f"  one .jsonl.zst file: serial decompression ceiling {zst:,.0f} MB/s of text (one process reads it)")
+    print("  (figures as measured on this machine; a shared, loaded machine makes them noisy)")
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"sizes_mb": sizes, "workers": args.workers, "runs": runs, "coordinator_share": share,
+                   "coordinator_cpu_s_per_gb": d_self / max(d_text, 1e-9), "ceiling_mb_s": ceiling,
+                   "worker_mb_s_per_core": per_core, "zst_decompression_mb_s": zst,
+                   "projection_mb_s": {c: min(c * per_core, ceiling) for c in (16, 64)}}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
