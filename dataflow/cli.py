@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--compression", default="zstd", choices=["zstd", "none"], help="shard compression")
     t.add_argument("--zstd-level", type=int, default=None, help="zstd level: 1 (fast) to 22 (small), or negative "
                    "down to -131072 for faster, larger shards (default: Arrow's own, 1, for arrow shards; 3 for tar)")
-    t.add_argument("--shard-size", default="128MB", help="token bytes per shard before compression (e.g. 256MB)")
+    t.add_argument("--shard-size", default="128MB", help="at most this many token bytes per shard before "
+                   "compression (e.g. 256MB); a bundle's end also ends its shards")
     t.add_argument("--workers", type=_workers, default="auto", help="worker processes: a number, or auto (also "
                    "written 0) for one per CPU")
     t.add_argument("--seed", type=int, default=0, help="seed of the per-document train/val split")
@@ -211,9 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(0: one dataset in OUT, no split)")
     t.add_argument("--no-eos", action="store_true", help="do not append EOS after each document")
     t.add_argument("--max-errors", type=int, default=100, help="bad records tolerated before failing")
-    t.add_argument("--unit-size", default=None, help="input bytes per work unit, 64KB or more (JSONL is cut into "
-                   "line-aligned pieces of this size, a compressed file as it is decompressed); default: about 4 "
-                   "units per worker, at most 32MB")
+    t.add_argument("--unit-size", default=None, help="input bytes per bundle of work, 64KB or more (JSONL is cut "
+                   "into line-aligned pieces of this size, a compressed file as it is decompressed; default 32MB); "
+                   "a shard never spans two bundles, so this is an output setting")
     t.add_argument("--num-tasks", type=int, default=1, help="split the job into K task slices (Slurm arrays, ...)")
     t.add_argument("--task-index", type=int, default=0, help="which slice this run does (0-based)")
     t.add_argument("--executor", default="local", choices=["local", "ray"], help="local: a process pool; ray: "

@@ -2,7 +2,7 @@
 
 The main process is profiled in a real run with `--workers N` (its own time: loading and proving the
 tokenizer, committing units, writing shards; the workers' time is not in it). A worker is profiled by running
-the same units through the worker's function (`tokenize_unit_to_file`) in this process, as a pool worker does.
+the same units through the worker's function (`tokenize_bundle`) in this process, as a pool worker does.
 The corpus is the one tools/bench_tokenize.py writes (run it first, or pass --work).
 
     python tools/profile_tokenize.py --work bench-out/tokenize-100M-distinct --workers 2
@@ -44,7 +44,7 @@ def main() -> int:
     from dataflow.preprocess.plan import plan_units
     from dataflow.preprocess.run import TokenizeConfig, tokenize
     from dataflow.preprocess.tokenizers import load_tokenizer
-    from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer, tokenize_unit_to_file
+    from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer, tokenize_bundle
 
     files = sorted(glob.glob(os.path.join(args.work, "input", "*.jsonl")))
     if not files:
@@ -58,7 +58,7 @@ def main() -> int:
         show(main_profile, f"main process, --workers {args.workers}", args.lines)
 
         tok = load_tokenizer(gpt2, sample=[])
-        spec = UnitSpec(gpt2, "auto", "text", "id", tok.meta.eos_id, tok.meta.dtype)
+        spec = UnitSpec(gpt2, "auto", "text", "id", tok.meta.eos_id, tok.meta)
         adopt_tokenizer(spec.tokenizer, spec.engine, tok)
         units = plan_units(files)
         scratch = os.path.join(tmp, "units")
@@ -66,7 +66,8 @@ def main() -> int:
         worker_profile = cProfile.Profile()
         worker_profile.enable()
         for i, unit in enumerate(units[::max(args.workers, 1)]):  # a worker's share of the units
-            tokenize_unit_to_file(unit, spec, os.path.join(scratch, f"unit-{i}.arrows"))
+            os.makedirs(os.path.join(scratch, str(i)))
+            tokenize_bundle([unit], spec, os.path.join(scratch, str(i)))
         worker_profile.disable()
         shutil.rmtree(scratch)
         show(worker_profile, f"one worker (1/{max(args.workers, 1)} of the units)", args.lines)
