@@ -120,3 +120,21 @@ def test_dataflow_train_is_the_trainer(tmp_path, kjv):
     assert "step      2/2" in p.stdout and (tmp_path / "demo-out" / "checkpoints" / "step-000002").is_dir()
     p = subprocess.run(run + ["--config", "demo"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "data.path" in p.stderr
+
+
+def test_the_step_estimate_warns_far_beyond_the_machine_and_is_quiet_for_the_demo(monkeypatch):
+    import torch
+
+    from trainer import estimate
+    from trainer.model import GPT
+
+    monkeypatch.setattr(estimate, "measured_flops", lambda device: 100e9)  # a fast CPU: 100 GFLOP/s
+    said: list[str] = []
+    for seq_len, batch, warned in ((128, 8, False), (100_000, 1, True)):
+        cfg = load_config("demo", ["data.path=x", f"data.seq_len={seq_len}", f"data.batch_size={batch}"])
+        with torch.device("meta"):
+            gpt = GPT(cfg.model, 257, seq_len)
+        said.clear()
+        estimate.warn_if_out_of_reach(cfg, torch.device("cpu"), 1, gpt, seq_len * batch, said.append)
+        assert bool(said) is warned, (seq_len, said)
+    assert "minutes" in said[0] and "data.seq_len (100000)" in said[0]

@@ -15,7 +15,7 @@ import torch
 from trainer.config import Config
 from trainer.model import GPT
 
-SLOW_STEP_S = 600.0  # a step estimated above this is worth a warning
+SLOW_STEP_S = 120.0  # a step estimated above this is worth a warning (real ones take seconds)
 
 
 def measured_flops(device: torch.device) -> float:
