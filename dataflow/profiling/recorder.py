@@ -32,8 +32,9 @@ class StageRecorder:
         if self._fd is None or self._fd[0] != os.getpid():
             path = os.path.join(self.folder, f"stages-{os.getpid()}.txt")
             self._fd = (os.getpid(), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        fields = {**t.seconds, **t.counts}
         line = (f"{os.getpid()} {t.track} {t.t0:.9f} {t.t1:.9f} {t.rows} "
-                + " ".join(f"{t.seconds.get(k, 0.0):.9f}" for k in FIELDS) + "\n")
+                + " ".join(f"{fields.get(k, 0.0):.9f}" for k in FIELDS) + "\n")
         os.write(self._fd[1], line.encode())
 
 
