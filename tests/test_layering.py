@@ -80,3 +80,7 @@ def test_preprocess_never_imports_the_loader_or_the_profiler():
     bad = [f"{p.relative_to(ROOT)} imports {name}" for p in sorted((ROOT / "dataflow" / "preprocess").rglob("*.py"))
            for name in _imports(p) if name.split(".")[:2] in (["dataflow", "loading"], ["dataflow", "profiling"])]
     assert not bad, "\n".join(bad)
+
+
+def test_the_prefetcher_knows_the_loader_only_through_the_contract():
+    assert "loader" not in _loading_imports(ROOT / "dataflow" / "loading" / "prefetch.py")

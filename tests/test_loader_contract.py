@@ -201,3 +201,27 @@ def test_the_loader_state_of_a_d25c0a6_trainer_checkpoint_resumes_through_the_pr
     got = [next(it)["input_ids"][:, 0].tolist() for _ in range(len(old["trainer_next_first_tokens"]))]
     assert got == old["trainer_next_first_tokens"]
     prefetcher.close()
+
+
+class Lender:
+    """A `LendingLoader` that is no StreamingDataLoader: records the room a prefetcher asks for."""
+
+    pinned = False
+
+    def __init__(self):
+        self.reserved = 0
+
+    def reserve_held(self, batches):
+        self.reserved = max(self.reserved, batches)
+
+    def __iter__(self):
+        return iter([{"x": torch.zeros(2)}] * 3)
+
+
+def test_the_prefetcher_asks_any_lending_loader_for_room_through_the_contract(counting):
+    lender = Lender()
+    assert len(list(DevicePrefetcher(lender, device="cpu", depth=3))) == 3
+    assert lender.reserved == 5  # depth + 2: what its queue and the consumer hold at once
+    loader = StreamingDataLoader(StreamingDataset(counting, seq_len=L), batch_size=B, num_workers=1, held_batches=0)
+    DevicePrefetcher(loader, device="cpu", depth=4)
+    assert loader.held_batches == 6

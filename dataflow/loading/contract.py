@@ -6,6 +6,9 @@ buffer, returning a `FillReport`), `documents` (whole-document batches) and `clo
 `SampleSource` adds what `StreamingDataLoader` needs to plan batches and resume: the sample count,
 the rank, and the `Cursor` (cursor.py) that owns the position. `StreamingDataset` implements both;
 so can a test double or another backend, and the loader drives it unchanged.
+`LendingLoader` is what `DevicePrefetcher` may ask of its upstream (it never imports the loader):
+whether batches are page-locked, and room for the batches it holds at once. `StageFigures` is what
+the profiler reads of a loader it finds along `upstream` links.
 
 Which process runs what: `fill`/`documents` run in the process that builds the batch (the main
 process without workers, else a worker holding its own copy of the source); the cursor lives in
@@ -76,4 +79,29 @@ class SampleSource(BatchSource, Protocol):
 
     def describe(self) -> str:
         """A short name for messages (the dataset's first path)."""
+        ...
+
+
+@runtime_checkable
+class LendingLoader(Protocol):
+    """An upstream that lends its batches from a fixed ring (`StreamingDataLoader`): a consumer that
+    holds several batches at once says how many, before the ring is made, so it is sized for them."""
+
+    @property
+    def pinned(self) -> bool:
+        """Whether yielded batches are page-locked (a direct host-to-device copy)."""
+        ...
+
+    def reserve_held(self, batches: int) -> None:
+        """Room for `batches` yielded batches held at once (taken when the ring is next made)."""
+        ...
+
+
+@runtime_checkable
+class StageFigures(Protocol):
+    """A loader that keeps its stage seconds (what the profiler's `StageProbe` polls)."""
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds per stage (`stages.STAGES`) since the loader was made, summed over workers."""
         ...

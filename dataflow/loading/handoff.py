@@ -132,12 +132,12 @@ def _run_job(source: BatchSource, ring: SlotRing, shared: _Shared, worker: int, 
 class WorkerPool:
     """Worker processes that fill a `SlotRing`; the main side of the protocol."""
 
-    def __init__(self, source: BatchSource, layout: Layout, num_workers: int,
-                 prefetch: int, held: int, context: Any = None, pin: bool = False, timeout: float = 0,
-                 hook: Hook = None):
+    def __init__(self, source: BatchSource, layout: Layout, num_workers: int, ready_ahead: int, held: int,
+                 context: Any = None, pin: bool = False, timeout: float = 0, hook: Hook = None):
         self.num_workers, self.timeout = num_workers, timeout
-        # each worker keeps `prefetch` batches ready while the consumer holds `held` (spread over workers)
-        self.per_worker = prefetch + math.ceil(held / num_workers) + 1
+        # each worker keeps `ready_ahead` (the loader's prefetch_factor) batches ready while the consumer
+        # holds `held` (spread over workers)
+        self.per_worker = ready_ahead + math.ceil(held / num_workers) + 1
         self.ring = SlotRing(layout, self.per_worker * num_workers, num_workers)
         if pin:
             self.ring.pin()

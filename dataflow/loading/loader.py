@@ -160,6 +160,11 @@ class StreamingDataLoader:
         """Whether yielded batches are page-locked (what `DevicePrefetcher` needs for a direct copy)."""
         return bool(self.pin_memory and self.dataset.seq_len is not None and torch.cuda.is_available())
 
+    def reserve_held(self, batches: int) -> None:
+        """Room for `batches` yielded batches held at once (`DevicePrefetcher` holds its depth + 2); the
+        worker ring is sized when it is made, at the next `iter()` that starts workers."""
+        self.held_batches = max(self.held_batches, int(batches))
+
     @property
     def stats(self) -> LoaderStats:
         return LoaderStats(self._batches, self._copies + (self._pool.copies if self._pool else 0))

@@ -71,12 +71,12 @@ class TimedUpstream:
     """Wraps the iterator a prefetcher pulls from, recording each `next()` as a `load` slice on its thread."""
 
     def __init__(self, batches: Iterable[Any], limit: int = 100_000):
-        self.batches = batches
+        self.upstream = batches
         self.slices: list[tuple[str, float, float]] = []  # (thread name, start, end)
         self.limit = limit
 
     def __iter__(self) -> Iterator[Any]:
-        it = iter(self.batches)
+        it = iter(self.upstream)
         name = threading.current_thread().name
         while True:
             t0 = time.perf_counter()
