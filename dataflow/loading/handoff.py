@@ -7,14 +7,14 @@ The main process allocates, once, before the workers start:
 - two counting semaphores per worker: `ready` (slots filled, not yet taken) and `free` (free slots).
 
 Per batch, worker `w` (which builds the batches b with b % num_workers == w, in order) takes a `free`
-permit, fills a FREE slot of its own with `source.fill` (the `BatchSource` contract, contract.py), marks it FILLED, writes the slot's number
-into its small `fills` ring and posts `ready`. The main process waits on `ready`, reads which slot holds
-batch b, marks it LENT and yields tensors made from fresh numpy views of that slot; a `_Lease` watches
-those views with weak references (each tensor, and every view of it, keeps its view alive). When the
-last is garbage, the slot is marked FREE and `free` posted, by the process that lent it and for that
-lend only. So a yielded batch never changes while anything references it, without any "valid for N
-batches" rule. Invariant: a worker's `free` permits = its FREE slots it has not taken (a failed fill
-and a cancelled job give their permit back).
+permit, fills a FREE slot of its own with `source.fill` (the `BatchSource` contract, contract.py), marks
+it FILLED, writes the slot's number into its small `fills` ring and posts `ready`. The main process
+waits on `ready`, reads which slot holds batch b, marks it LENT and yields tensors made from fresh numpy
+views of that slot; a `_Lease` watches those views with weak references (each tensor, and every view of
+it, keeps its view alive). When the last is garbage, the slot is marked FREE and `free` posted, by the
+process that lent it and for that lend only. So a yielded batch never changes while anything references
+it, without any "valid for N batches" rule. Invariant: a worker's `free` permits = its FREE slots it has
+not taken (a failed fill and a cancelled job give their permit back).
 
 When lending a slot would leave its worker none to fill (the consumer keeps many batches), the main
 process yields an owned copy instead and frees the slot at once (`copies` in the loader's stats): the

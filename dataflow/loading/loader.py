@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dataflow.errors import ConfigError, DataflowError, WorkerDied, cause
+from dataflow.errors import ConfigError, WorkerDied, cause
 from dataflow.loading.contract import SampleSource
 from dataflow.loading.handoff import WorkerPool, how_it_ended
 from dataflow.loading.plan import BatchPlan
