@@ -16,7 +16,7 @@ from dataflow.loading.cursor import Cursor
 from dataflow.loading.stages import STAGES, TOTALS
 from tests.conftest import write_counting_dataset
 
-OLD = pathlib.Path(__file__).parent / "data" / "loader-state-d25c0a6"  # written by d25c0a6's code
+OLD = pathlib.Path(__file__).parent / "old_states" / "d25c0a6"  # dataset and states written by d25c0a6
 L, B, N = 8, 4, 42
 
 
