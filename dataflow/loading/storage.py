@@ -112,8 +112,8 @@ class Storage:
         self.close()
 
     def __del__(self) -> None:  # a dataset dropped without close(): its lock fds must not leak
-        try:
-            self.close()
+        try:  # never wait here: the cyclic GC may run this inside threading's own locks (a join deadlocks)
+            self.close(wait=False)
         except Exception:
             pass
 
