@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import dataflow.loading.dataset as dataset_module
+import dataflow.loading.reader as reader_module
 from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
 
 META = TokenizerMeta(kind="hf", name="counting", vocab_size=65536, eos_id=65535)
@@ -72,13 +73,13 @@ def test_startup_reads_only_the_manifest_with_100k_shards(tmp_path, monkeypatch)
     (big / "shard-00000.arrow").write_bytes((tmp_path / "one" / shard["path"]).read_bytes())
     (big / "index.json").write_text(json.dumps(index))
     opened = []
-    real = dataset_module.OpenShard
+    real = reader_module.OpenShard
 
     def counting(path, *args, **kwargs):
         opened.append(path)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(dataset_module, "OpenShard", counting)
+    monkeypatch.setattr(reader_module, "OpenShard", counting)
     t0 = time.perf_counter()
     dataset_module.read_manifest(str(big))
     manifest_s = time.perf_counter() - t0
@@ -101,14 +102,14 @@ def test_resume_never_refetches_finished_shards(sources, monkeypatch):
     current_block = int(order.block_of(state["consumed"]))
     finished = set(ds.streams[0][order.order[:current_block * 2]].tolist())
     opened = []
-    real = dataset_module.StreamingDataset._shard
+    real = reader_module.ShardReader.shard
 
-    def counting(self, k):
+    def counting(self, k, times=None):
         if k not in self._open:
             opened.append(k)
-        return real(self, k)
+        return real(self, k, times)
 
-    monkeypatch.setattr(dataset_module.StreamingDataset, "_shard", counting)
+    monkeypatch.setattr(reader_module.ShardReader, "shard", counting)
     resumed = StreamingDataLoader(StreamingDataset(sources[0], seq_len=SEQ, shuffle_window=2, seed=4), batch_size=8)
     resumed.load_state_dict(state)
     remaining = resumed.dataset.plan(batch_size=8).num_batches  # the rest of the epoch

@@ -155,7 +155,7 @@ def test_local_and_file_urls_are_read_in_place(dataset, shards, tmp_path):
     for root in (dataset, "file://" + dataset):
         st = Storage(root, str(tmp_path / "cache"), cache_limit="10GB")
         assert st.local_path(shards[0]) == os.path.join(dataset, shards[0].path)
-        st.prefetch(shards)
+        st.fetch_ahead(shards)
         st.release(shards[0])
         st.close()
         assert st.downloads == 0 and st.cache_limit == 10 << 30
@@ -220,8 +220,8 @@ def test_corrupt_download_is_retried_then_refused(server, shards, tmp_path):
 def test_prefetch_downloads_ahead_once(server, shards, tmp_path):
     server.delay = 0.01
     with Storage(server.url, str(tmp_path)) as st:
-        st.prefetch(shards)
-        st.prefetch(shards)  # queued or cached: nothing twice
+        st.fetch_ahead(shards)
+        st.fetch_ahead(shards)  # queued or cached: nothing twice
         for s in reversed(shards):
             assert sha256(st.local_path(s)) == s.sha256
             st.release(s)
@@ -233,7 +233,7 @@ def test_prefetch_stays_within_the_cache_limit(server, shards, tmp_path):
     limit = sum(s.bytes for s in shards[:3])
     with Storage(server.url, str(tmp_path), cache_limit=limit) as st:
         held = st.local_path(shards[0])
-        st.prefetch(shards)  # shards[0] is in use, so only shards[1:3] fit beside it
+        st.fetch_ahead(shards)  # shards[0] is in use, so only shards[1:3] fit beside it
         st.close()  # waits for the background downloads
         assert st.downloads == 3 and os.path.exists(held)
     assert shard_gets(server, shards) == [1, 1, 1] + [0] * (len(shards) - 3)
@@ -282,7 +282,7 @@ def _share_cache_worker(url, cache_dir, limit, seed, barrier, results):
     order = np.random.default_rng(seed).permutation(len(shards))
     st = Storage(url, cache_dir, cache_limit=limit)
     barrier.wait()
-    st.prefetch([shards[i] for i in order[:4]])
+    st.fetch_ahead([shards[i] for i in order[:4]])
     bad, held = [], []
     for i in order:
         held.append((shards[i], st.local_path(shards[i])))
@@ -344,7 +344,7 @@ def test_forked_child_does_not_inherit_the_parents_download_lock(server, shards,
     stay held by the child's inherited fd (the child would then wait on itself forever)."""
     gate = server.gates[f"/ds/{shards[0].path}"] = threading.Event()
     st = Storage(server.url, str(tmp_path))
-    st.prefetch([shards[0]])
+    st.fetch_ahead([shards[0]])
     while server.gets[f"/ds/{shards[0].path}"] == 0:  # the parent's thread now holds `.dl`, mid-download
         time.sleep(0.01)
     ctx = multiprocessing.get_context("fork")

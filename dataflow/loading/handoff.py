@@ -7,14 +7,14 @@ The main process allocates, once, before the workers start:
 - two counting semaphores per worker: `ready` (slots filled, not yet taken) and `free` (free slots).
 
 Per batch, worker `w` (which builds the batches b with b % num_workers == w, in order) takes a `free`
-permit, fills a FREE slot of its own with `dataset.fill`, marks it FILLED, writes the slot's number
-into its small `fills` ring and posts `ready`. The main process waits on `ready`, reads which slot holds
-batch b, marks it LENT and yields tensors made from fresh numpy views of that slot; a `_Lease` watches
-those views with weak references (each tensor, and every view of it, keeps its view alive). When the
-last is garbage, the slot is marked FREE and `free` posted, by the process that lent it and for that
-lend only. So a yielded batch never changes while anything references it, without any "valid for N
-batches" rule. Invariant: a worker's `free` permits = its FREE slots it has not taken (a failed fill
-and a cancelled job give their permit back).
+permit, fills a FREE slot of its own with `source.fill` (the `BatchSource` contract, contract.py), marks
+it FILLED, writes the slot's number into its small `fills` ring and posts `ready`. The main process
+waits on `ready`, reads which slot holds batch b, marks it LENT and yields tensors made from fresh numpy
+views of that slot; a `_Lease` watches those views with weak references (each tensor, and every view of
+it, keeps its view alive). When the last is garbage, the slot is marked FREE and `free` posted, by the
+process that lent it and for that lend only. So a yielded batch never changes while anything references
+it, without any "valid for N batches" rule. Invariant: a worker's `free` permits = its FREE slots it has
+not taken (a failed fill and a cancelled job give their permit back).
 
 When lending a slot would leave its worker none to fill (the consumer keeps many batches), the main
 process yields an owned copy instead and frees the slot at once (`copies` in the loader's stats): the
@@ -44,7 +44,8 @@ import torch.multiprocessing as tmp
 from dataflow.errors import DataflowError, WorkerDied
 from dataflow.loading.plan import BatchPlan
 from dataflow.loading.ring import SlotRing, _Lease  # noqa: F401  (_Lease: the type of a held lend)
-from dataflow.loading.stages import FIELDS, BatchTiming, Hook, add_batch, track_name
+from dataflow.loading.contract import BatchSource, Layout
+from dataflow.loading.stages import FIELDS, BatchTiming, Hook, add_report, report_of
 
 POLL_S = 0.05
 PARENT_CHECK_S = 1.0  # how often an idle worker checks that its parent is alive
@@ -65,7 +66,7 @@ class _Shared:
     free: Any  # semaphore: FREE slots not yet taken by the worker
 
 
-def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook,
+def _worker_main(source: BatchSource, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook,
                  ctrl: mpc.Connection, results: mpc.Connection, parent: int) -> None:
     """A loader worker: waits for a job, fills its slots with its batches, reports how the job ended.
 
@@ -82,7 +83,7 @@ def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num
                 return
             job, plan = msg[1], msg[2]
             try:
-                _run_job(dataset, ring, shared, worker, num_workers, hook, job, plan, parent)
+                _run_job(source, ring, shared, worker, num_workers, hook, job, plan, parent)
                 results.send((job, None, None))
             except BaseException as e:  # reported to the main process, raised there with its message
                 try:
@@ -94,12 +95,10 @@ def _worker_main(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         return
     finally:  # a process ends without running finalizers: let go of its cache locks (and their files)
-        close = getattr(dataset, "close", None)
-        if close is not None:
-            close(wait=False)
+        source.close(wait=False)
 
 
-def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook, job: int,
+def _run_job(source: BatchSource, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook, job: int,
              plan: BatchPlan, parent: int) -> None:
     table, control, fills = shared.table.numpy(), shared.control.numpy(), shared.fills.numpy()
     for k, b in enumerate(range(worker, plan.num_batches, num_workers)):
@@ -113,16 +112,17 @@ def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_wor
         ids = plan.sample_ids(b)
         t0 = time.perf_counter()
         try:
-            times = dataset.fill(ids, ring.numpy_views(slot), plan.epoch)
+            report = source.fill(ids, ring.numpy_views(slot), plan.epoch)
             if hook is not None:
-                hook(BatchTiming(track_name(), t0, time.perf_counter(), len(ids), times))
+                hook(BatchTiming.of(report, t0, time.perf_counter(), len(ids)))
         except BaseException:
             shared.free.release()  # the slot stays FREE: its permit goes back with it
             raise
         row = table[slot]
         row[_ROWS] = len(ids)
+        fields = report.fields()
         for i, name in enumerate(FIELDS):
-            row[_STAGES + i] = times.get(name, 0.0)
+            row[_STAGES + i] = fields.get(name, 0.0)
         row[_JOB], row[_BATCH] = job, b
         row[_STATE] = FILLED  # last: the row is this batch's once it reads FILLED with this job and batch
         fills[k % len(fills)] = slot
@@ -132,12 +132,12 @@ def _run_job(dataset: Any, ring: SlotRing, shared: _Shared, worker: int, num_wor
 class WorkerPool:
     """Worker processes that fill a `SlotRing`; the main side of the protocol."""
 
-    def __init__(self, dataset: Any, layout: dict[str, tuple[tuple[int, ...], Any]], num_workers: int,
-                 prefetch: int, held: int, context: Any = None, pin: bool = False, timeout: float = 0,
-                 hook: Hook = None):
+    def __init__(self, source: BatchSource, layout: Layout, num_workers: int, ready_ahead: int, held: int,
+                 context: Any = None, pin: bool = False, timeout: float = 0, hook: Hook = None):
         self.num_workers, self.timeout = num_workers, timeout
-        # each worker keeps `prefetch` batches ready while the consumer holds `held` (spread over workers)
-        self.per_worker = prefetch + math.ceil(held / num_workers) + 1
+        # each worker keeps `ready_ahead` (the loader's prefetch_factor) batches ready while the consumer
+        # holds `held` (spread over workers)
+        self.per_worker = ready_ahead + math.ceil(held / num_workers) + 1
         self.ring = SlotRing(layout, self.per_worker * num_workers, num_workers)
         if pin:
             self.ring.pin()
@@ -157,7 +157,7 @@ class WorkerPool:
             ctrl_recv, ctrl_send = ctx.Pipe(duplex=False)
             res_recv, res_send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker_main, name=f"dataflow-loader-{w}", daemon=True,
-                            args=(dataset, self.ring, shared, w, num_workers, hook, ctrl_recv, res_send, os.getpid()))
+                            args=(source, self.ring, shared, w, num_workers, hook, ctrl_recv, res_send, os.getpid()))
             p.start()
             ctrl_recv.close()
             res_send.close()
@@ -275,7 +275,7 @@ class WorkerPool:
         if row[_STATE] != FILLED or row[_JOB] != job or row[_BATCH] != b:
             self._ended(w, b)  # posted without filling a slot: it failed
             raise DataflowError(f"loader worker {w} posted batch {b} without filling it (protocol error)")
-        add_batch(self.stage_by_worker[w], dict(zip(FIELDS, row[_STAGES:].tolist())))
+        add_report(self.stage_by_worker[w], report_of(dict(zip(FIELDS, row[_STAGES:].tolist()))))
         return slot, int(row[_ROWS])
 
     def _ended(self, w: int, b: int) -> None:
@@ -300,11 +300,13 @@ class WorkerPool:
                 raise self._died(w, "between jobs")
             if self.results[w].poll(POLL_S):
                 try:
-                    job, _, _ = self.results[w].recv()
+                    job, _, text = self.results[w].recv()
                 except EOFError:  # the worker is gone: the liveness check above reports it
                     continue
                 if job == self._running[w]:
                     self._running[w] = 0
+                    if text is not None:
+                        self._take_error_post(w)
             elif deadline is not None and time.monotonic() > deadline:
                 raise DataflowError(f"loader worker {w} did not stop its previous job in {self.timeout:g} s")
         shared = self.shared[w]
@@ -313,6 +315,13 @@ class WorkerPool:
         for slot in shared.slots:  # filled for the old job and never taken: free again
             if self._table[slot, _STATE] == FILLED:
                 self._free(w, slot)
+
+    def _take_error_post(self, w: int) -> None:
+        """Worker w reported a failed job nobody waited for: take the `ready` it posts right after the
+        report, or that late post would pass for the next job's first batch."""
+        while not self.shared[w].ready.acquire(timeout=POLL_S):
+            if not self.procs[w].is_alive():
+                return
 
     def close(self) -> None:
         self.closed = True

@@ -4,8 +4,9 @@ The batches come from `BatchPlan` (plan.py): batch b of an epoch holds this rank
 [b*B, (b+1)*B), whatever the transport. Without workers they are filled in this process into fresh
 tensors; with workers, worker w builds the batches b with b % num_workers == w into a shared slot ring
 (`handoff.py`) and the loader yields them back in order as leased views, so the batches do not depend
-on `num_workers`. The loader advances the dataset's position (epoch, consumed) as it yields: that is
-the whole resume state, valid for any number of workers or ranks.
+on `num_workers`. The loader walks the source's `Cursor` (cursor.py) as it yields: its position
+(epoch, consumed) is the whole resume state, valid for any number of workers or ranks. The loader
+knows its source only through the `SampleSource` contract (contract.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import torch
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dataflow.errors import ConfigError, DataflowError, WorkerDied, cause
-from dataflow.loading.dataset import StreamingDataset
+from dataflow.errors import ConfigError, WorkerDied, cause
+from dataflow.loading.contract import SampleSource
 from dataflow.loading.handoff import WorkerPool, how_it_ended
 from dataflow.loading.plan import BatchPlan
-from dataflow.loading.stages import STAGES, TOTALS, BatchTiming, Hook, add_batch, add_seconds, track_name
+from dataflow.loading.stages import STAGES, TOTALS, BatchTiming, Hook, add_report, add_seconds
 
 
 @dataclass
@@ -36,7 +37,7 @@ class LoaderStats:
 class _Documents(IterableDataset):
     """Whole-document batches through torch's DataLoader (variable sizes do not fit a fixed ring)."""
 
-    def __init__(self, dataset: StreamingDataset, plan: BatchPlan):
+    def __init__(self, dataset: SampleSource, plan: BatchPlan):
         self.dataset, self.plan = dataset, plan
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -122,12 +123,13 @@ class StreamingDataLoader:
     it (it must be picklable to reach workers): `dataflow profile` records through it.
     """
 
-    def __init__(self, dataset: StreamingDataset, batch_size: int = 1, num_workers: int = 0,
+    def __init__(self, dataset: SampleSource, batch_size: int = 1, num_workers: int = 0,
                  drop_last: bool = True, pin_memory: bool = False, persistent_workers: bool = False,
                  prefetch_factor: int | None = None, timeout: float = 0, multiprocessing_context: Any = None,
                  cycle: bool = False, held_batches: int = 4, stage_hook: Hook = None):
-        if not isinstance(dataset, StreamingDataset):
-            raise ConfigError(f"StreamingDataLoader takes a StreamingDataset, got {type(dataset).__name__}")
+        if not isinstance(dataset, SampleSource):
+            raise ConfigError(f"StreamingDataLoader takes a StreamingDataset, got {type(dataset).__name__} (or any "
+                              f"dataflow.loading.contract.SampleSource)")
         _check_arguments(locals())
         self.dataset, self.batch_size, self.num_workers = dataset, int(batch_size), int(num_workers)
         self.drop_last, self.pin_memory = bool(drop_last), bool(pin_memory)
@@ -136,10 +138,11 @@ class StreamingDataLoader:
         self.timeout, self.context = float(timeout), multiprocessing_context
         self.held_batches, self.stage_hook = int(held_batches), stage_hook
         if len(self) == 0:
-            raise ConfigError(f"{dataset.paths[0]}: {len(dataset)} samples per rank and epoch, fewer than one batch "
+            per_rank = dataset.num_samples // dataset.rank_world()[1]
+            raise ConfigError(f"{dataset.describe()}: {per_rank} samples per rank and epoch, fewer than one batch "
                               f"of {self.batch_size}; lower batch_size or pass drop_last=False")
         self._pool: WorkerPool | None = None
-        self._generation = 0  # the newest iterator; an older one raises if it is resumed
+        self._walk = 0  # the cursor token of this loader's newest iterator
         self._batches = 0
         self._copies = 0  # of closed worker pools
         self._stages: dict[str, float] = {}  # stages run in this process (num_workers=0)
@@ -147,12 +150,20 @@ class StreamingDataLoader:
 
     def __len__(self) -> int:
         """Batches of one epoch for this rank (the same on every rank)."""
-        return dataclasses.replace(self.dataset.plan(self.batch_size, self.drop_last), consumed=0).num_batches
+        return dataclasses.replace(self._plan(), consumed=0).num_batches
+
+    def _plan(self) -> BatchPlan:
+        return self.dataset.cursor.plan(*self.dataset.rank_world(), self.batch_size, self.drop_last)
 
     @property
     def pinned(self) -> bool:
         """Whether yielded batches are page-locked (what `DevicePrefetcher` needs for a direct copy)."""
         return bool(self.pin_memory and self.dataset.seq_len is not None and torch.cuda.is_available())
+
+    def reserve_held(self, batches: int) -> None:
+        """Room for `batches` yielded batches held at once (`DevicePrefetcher` holds its depth + 2); the
+        worker ring is sized when it is made, at the next `iter()` that starts workers."""
+        self.held_batches = max(self.held_batches, int(batches))
 
     @property
     def stats(self) -> LoaderStats:
@@ -160,29 +171,24 @@ class StreamingDataLoader:
 
     # --- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        self._generation += 1
-        return self._iterate(self._generation)
+        self._walk = self.dataset.cursor.begin()  # an older iterator raises if it is resumed
+        return self._iterate(self._walk)
 
-    def _iterate(self, generation: int) -> Iterator[dict[str, Any]]:
-        ds = self.dataset
+    def _iterate(self, walk: int) -> Iterator[dict[str, Any]]:
+        cursor = self.dataset.cursor
         while True:
-            plan = ds.plan(self.batch_size, self.drop_last)
+            plan = self._plan()
             source = self._source(plan)
             try:
-                for b, batch in enumerate(source):
-                    if generation != self._generation:
-                        raise DataflowError("this loader iterator was replaced by a newer iter(loader); "
-                                            "iterate the new one")
-                    ds.consumed = plan.consumed_after(b + 1)  # before the yield: state_dict() includes this batch
+                for batch in cursor.follow(plan, source, walk):  # records each batch before it is yielded
                     self._batches += 1
                     yield batch
-                ds.epoch, ds.consumed = plan.epoch + 1, 0
             except GeneratorExit:  # the consumer stopped early (break, or the iterator was dropped)
-                if generation == self._generation and not self.persistent_workers:
+                if self._newest(walk) and not self.persistent_workers:
                     self.close()
                 raise
             except BaseException:
-                if generation == self._generation:
+                if self._newest(walk):
                     self.close()  # a failed or killed pool is not reused: the next iter() starts afresh
                 raise
             finally:
@@ -191,8 +197,12 @@ class StreamingDataLoader:
                     close()
             if not self.cycle:
                 break
-        if generation == self._generation and not self.persistent_workers:
+        if self._newest(walk) and not self.persistent_workers:
             self.close()
+
+    def _newest(self, walk: int) -> bool:
+        """Whether `walk` is the source's newest walk (a stale iterator leaves the pool alone)."""
+        return self.dataset.cursor.is_current(walk)
 
     def _source(self, plan: BatchPlan) -> Iterator[dict[str, Any]]:
         ds = self.dataset
@@ -225,10 +235,10 @@ class StreamingDataLoader:
             ids = plan.sample_ids(b)
             out = {k: torch.empty((len(ids), *row), dtype=dtype, pin_memory=pin) for k, (row, dtype) in layout.items()}
             t0 = time.perf_counter()
-            times = self.dataset.fill(ids, {k: v.numpy() for k, v in out.items()}, plan.epoch)
-            add_batch(self._stages, times)
+            report = self.dataset.fill(ids, {k: v.numpy() for k, v in out.items()}, plan.epoch)
+            add_report(self._stages, report)
             if self.stage_hook is not None:
-                self.stage_hook(BatchTiming(track_name(), t0, time.perf_counter(), len(ids), times))
+                self.stage_hook(BatchTiming.of(report, t0, time.perf_counter(), len(ids)))
             yield out
 
     # --- stage figures, shutdown, state -----------------------------------------------------------
@@ -279,13 +289,13 @@ class StreamingDataLoader:
             pass
 
     def set_epoch(self, epoch: int) -> None:
-        self._generation += 1  # an unfinished iterator would serve (and record) the old position
-        self.dataset.set_epoch(epoch)
+        """Start `epoch` at its beginning (an unfinished iterator is stale from now on)."""
+        self.dataset.cursor.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next batch starts: resume with `load_state_dict` in a new process, any worker count."""
-        return self.dataset.state_dict()
+        return self.dataset.cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.dataset.load_state_dict(state)
-        self._generation += 1  # an unfinished iterator would overwrite the loaded position
+        """Resume at a saved position (an unfinished iterator is stale from now on)."""
+        self.dataset.cursor.load_state_dict(state)

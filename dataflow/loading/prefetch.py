@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from dataflow.errors import ConfigError, DataflowError
-from dataflow.loading.loader import StreamingDataLoader
+from dataflow.loading.contract import LendingLoader
 
 _DONE = object()
 JOIN_S = 60.0  # how long close() waits for an upstream `next()` in progress
@@ -131,8 +131,8 @@ class DevicePrefetcher:
         if self._cuda and not torch.cuda.is_available():
             raise ConfigError(f"DevicePrefetcher(device={str(device)!r}): CUDA is not available here (torch "
                               f"{torch.__version__}, {torch.cuda.device_count()} GPUs visible); use device='cpu'")
-        if isinstance(batches, StreamingDataLoader):  # it sizes its slot ring for what this queue holds
-            batches.held_batches = max(batches.held_batches, depth + 2)
+        if isinstance(batches, LendingLoader):  # it sizes its slot ring for what this queue holds
+            batches.reserve_held(depth + 2)
             if pinned is None:
                 pinned = batches.pinned
         self.upstream, self.depth, self.pinned = batches, depth, bool(pinned)

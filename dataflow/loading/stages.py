@@ -1,6 +1,7 @@
 """The loader's stages, their one adder, and the one hook through which per-batch timings leave the loader.
 
-`StreamingDataset.fill` returns the seconds of each stage for one batch. The transport that ran it
+`fill` (the `BatchSource` contract, contract.py) returns a `FillReport` for one batch: the seconds of
+each stage and, apart, the filling process's running counts. The transport that ran it
 (the main process, or a worker) adds them to the loader's running totals and, when the user passed a
 `stage_hook`, calls it with a `BatchTiming` in the process that built the batch (so it must be
 picklable to reach workers). `dataflow profile` subscribes through that hook; nothing is patched.
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-STAGES = ("shuffle", "fetch", "decode", "read", "collate")  # what `StreamingDataset.fill` times, in order
+from dataflow.loading.contract import FillReport
+
+STAGES = ("shuffle", "fetch", "decode", "read", "collate")  # what `fill` times, in order
 # running totals of the process that built the batch (the latest value counts, not a sum): zstd shards it
 # decoded into the shared cache (in the batch's path or ahead of it), decoded copies it found, its decode CPU
 TOTALS = ("shards_decoded", "decode_hits", "decode_cpu_s")
@@ -30,14 +33,20 @@ DESCRIPTIONS = {
 @dataclass(frozen=True)
 class BatchTiming:
     """One batch as built: where (`track`: worker-N or main:<thread>), when (perf_counter, a clock shared
-    by the machine's processes on Linux), how many rows, and `seconds`: each stage's seconds and the
-    process's `TOTALS`."""
+    by the machine's processes on Linux), how many rows, `seconds` of each stage (`STAGES`) and
+    `counts`, the process's running `TOTALS`."""
 
     track: str
     t0: float
     t1: float
     rows: int
     seconds: dict[str, float]
+    counts: dict[str, float] = field(default_factory=dict)
+
+    @staticmethod
+    def of(report: FillReport, t0: float, t1: float, rows: int) -> "BatchTiming":
+        """The timing of a batch this process/thread just filled."""
+        return BatchTiming(track_name(), t0, t1, rows, dict(report.seconds), dict(report.counts))
 
 
 StageHook = Callable[[BatchTiming], None]
@@ -51,12 +60,17 @@ def add_seconds(into: dict[str, float], more: dict[str, float]) -> dict[str, flo
     return into
 
 
-def add_batch(into: dict[str, float], fields: dict[str, float]) -> dict[str, float]:
-    """Fold one batch's report into a process's running figures: stage seconds add up, `TOTALS` are
-    the process's own running totals and replace the previous ones (in place; returns it)."""
-    for k, v in fields.items():
-        into[k] = v if k in TOTALS else into.get(k, 0.0) + v
+def add_report(into: dict[str, float], report: FillReport) -> dict[str, float]:
+    """Fold one batch's report into a process's running figures: stage seconds add up, counts are the
+    process's own running totals and replace the previous ones (in place; returns it)."""
+    add_seconds(into, report.seconds)
+    into.update(report.counts)
     return into
+
+
+def report_of(fields: dict[str, float]) -> FillReport:
+    """A `FillReport` from its flat `FIELDS` (a row of the worker pool's shared table)."""
+    return FillReport({k: fields.get(k, 0.0) for k in STAGES}, {k: fields.get(k, 0.0) for k in TOTALS})
 
 
 def track_name() -> str:

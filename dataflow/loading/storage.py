@@ -3,7 +3,7 @@
 Remote shards (any fsspec URL: `s3://`, `gs://`, `http(s)://`, ...) are downloaded once per machine into
 `cache_dir` (see `cache.py` for the locking and LRU eviction that let processes share it), retried with
 backoff on transient errors, checked against the manifest's sha256 and renamed into place, so no
-reader ever sees a partial or wrong file. `prefetch` downloads ahead in background threads.
+reader ever sees a partial or wrong file. `fetch_ahead` downloads ahead in background threads.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from dataflow.loading.download import download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
 from dataflow.loading.cache import lock, release, unlock
 
-__all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "prefetch_shards"]
+__all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "fetch_ahead"]
 log = logging.getLogger(__name__)
 
 RETRIES = remote.RETRIES  # attempts per download
-PREFETCH_WORKERS = 4  # concurrent background downloads per process
+FETCH_AHEAD_WORKERS = 4  # concurrent background downloads per process
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
 
 
@@ -59,12 +59,12 @@ class Storage:
             space that is free or already used by the cache, measured when this Storage is made; copies
             sent to loader workers keep it; "none" for unlimited).
         storage_options: passed to fsspec (e.g. `{"client_kwargs": {"endpoint_url": ...}}` for S3).
-        prefetch_workers: background downloads at once for `prefetch()`.
+        fetch_ahead_workers: background downloads at once for `fetch_ahead()`.
         retries: attempts per download on transient errors (5xx, resets, timeouts, bad checksums).
     """
 
     def __init__(self, root: str, cache_dir: str | None = None, *, cache_limit: int | str | None = None,
-                 storage_options: dict[str, Any] | None = None, prefetch_workers: int = PREFETCH_WORKERS,
+                 storage_options: dict[str, Any] | None = None, fetch_ahead_workers: int = FETCH_AHEAD_WORKERS,
                  retries: int = RETRIES):
         self.root = root[len("file://"):] if root.startswith("file://") else root
         self.remote = is_remote(self.root)
@@ -73,7 +73,7 @@ class Storage:
         self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
         limit = cache_limit if cache_limit is not None else env.size("DATAFLOW_CACHE_LIMIT")
         self.storage_options = dict(storage_options or {})
-        self.prefetch_workers, self.retries = max(1, prefetch_workers), max(1, retries)
+        self.fetch_ahead_workers, self.retries = max(1, fetch_ahead_workers), max(1, retries)
         # remote shards, and decoded copies of local or remote zstd shards, live under this folder
         key = self.root.rstrip("/") if self.remote else os.path.abspath(self.root)
         self.cache_root = os.path.join(self.cache_dir, hashlib.sha256(key.encode()).hexdigest()[:16])
@@ -90,14 +90,14 @@ class Storage:
         self.decode_s = 0.0  # seconds this process spent decoding
         self._mu = threading.Lock()
         self._held: dict[str, list[int]] = {}  # entry -> [fd holding LOCK_SH on .inuse, refcount, bytes]
-        self._pending: set[str] = set()  # entries queued or running in the prefetch pool
+        self._pending: set[str] = set()  # entries queued or running in the fetch-ahead pool
         self._pool: ThreadPoolExecutor | None = None
         self._fs: Any = None
         self._fs_pid = -1
         _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("root", "remote", "cache_dir", "cache_limit", "storage_options", "prefetch_workers",
+        keep = ("root", "remote", "cache_dir", "cache_limit", "storage_options", "fetch_ahead_workers",
                 "retries", "cache_root", "_limit_arg")
         return {k: self.__dict__[k] for k in keep}
 
@@ -112,8 +112,8 @@ class Storage:
         self.close()
 
     def __del__(self) -> None:  # a dataset dropped without close(): its lock fds must not leak
-        try:
-            self.close()
+        try:  # never wait here: the cyclic GC may run this inside threading's own locks (a join deadlocks)
+            self.close(wait=False)
         except Exception:
             pass
 
@@ -161,7 +161,7 @@ class Storage:
             for fmt in decoded.FORMATS:
                 self._release_entry(self._entry(shard) + decoded.suffix(fmt))
 
-    def prefetch(self, shards: list[ShardInfo], decode: tuple[str, int] | None = None) -> None:
+    def fetch_ahead(self, shards: list[ShardInfo], decode: tuple[str, int] | None = None) -> None:
         """Start downloading these shards (`decode=(format, token itemsize)`: and decoding them, see
         `decoded_path`) in background threads and return at once.
 
@@ -188,11 +188,11 @@ class Storage:
                     continue
                 self._pending.add(path)
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="dataflow-prefetch")
+                    self._pool = ThreadPoolExecutor(self.fetch_ahead_workers, thread_name_prefix="dataflow-fetch-ahead")
                 if decode:
                     self._pool.submit(self._decode_ahead, shard, path, *decode)
                 else:
-                    self._pool.submit(self._prefetch_one, shard, path)
+                    self._pool.submit(self._fetch_ahead_one, shard, path)
 
     def cache_problem(self) -> OSError | None:
         """Why this dataset's cache folder cannot be written (None when it can): read-only, no permission,
@@ -286,7 +286,7 @@ class Storage:
             self._fs_pid = os.getpid()
         return self._fs, self._rroot
 
-    def _prefetch_one(self, shard: ShardInfo, path: str) -> None:
+    def _fetch_ahead_one(self, shard: ShardInfo, path: str) -> None:
         try:
             fd = lock(path + ".inuse", fcntl.LOCK_SH)  # not evictable while it downloads
             try:
@@ -368,15 +368,15 @@ class Storage:
             cache.evict(self.cache_dir, self.cache_limit, incoming)
 
 
-def prefetch_shards(storages: list[Storage], shards: list[tuple[int, ShardInfo]],
-                    decode: list[tuple[str, int] | None]) -> None:
+def fetch_ahead(storages: list[Storage], shards: list[tuple[int, ShardInfo]],
+                decode: list[tuple[str, int] | None]) -> None:
     """Download (and for sources with `decode[src]`, decode) ahead `(source index, shard)` pairs, as
     `StreamingDataset.shards` lists them."""
     by_source: dict[int, list[ShardInfo]] = {}
     for src, info in shards:
         by_source.setdefault(src, []).append(info)
     for src, infos in by_source.items():
-        storages[src].prefetch(infos, decode=decode[src])
+        storages[src].fetch_ahead(infos, decode=decode[src])
 
 
 def _reset_after_fork() -> None:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from dataflow.profiling import gpu
-from dataflow.profiling.stages import StageProbe, find_sources
+from dataflow.profiling.breakdown import StageProbe, find_sources
 
 INPUT_BOUND_PCT = 10.0  # data wait above this share of wall time: input-bound
 BALANCED_PCT = 1.0  # below this: compute-bound

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from dataflow.errors import ConfigError
-from dataflow.profiling.stages import STAGES
+from dataflow.profiling.breakdown import STAGES
 
 COLORS = {"wait": "#d62728", "step": "#1f77b4", "fetch": "#9467bd", "read": "#ff7f0e", "shuffle": "#2ca02c",
           "collate": "#8c564b", "h2d": "#17becf"}

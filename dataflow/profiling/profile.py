@@ -22,7 +22,7 @@ from dataflow.profiling import advice
 from dataflow.profiling.consumers import Consumer, idle
 from dataflow.profiling.monitor import StarvationMonitor
 from dataflow.profiling.recorder import StageRecorder, TimedUpstream, per_track_seconds, read_stage_events
-from dataflow.profiling.stages import breakdown, merge_seconds
+from dataflow.profiling.breakdown import breakdown, merge_seconds
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,9 @@ class StageRecorder:
         if self._fd is None or self._fd[0] != os.getpid():
             path = os.path.join(self.folder, f"stages-{os.getpid()}.txt")
             self._fd = (os.getpid(), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        fields = {**t.seconds, **t.counts}
         line = (f"{os.getpid()} {t.track} {t.t0:.9f} {t.t1:.9f} {t.rows} "
-                + " ".join(f"{t.seconds.get(k, 0.0):.9f}" for k in FIELDS) + "\n")
+                + " ".join(f"{fields.get(k, 0.0):.9f}" for k in FIELDS) + "\n")
         os.write(self._fd[1], line.encode())
 
 
@@ -70,12 +71,12 @@ class TimedUpstream:
     """Wraps the iterator a prefetcher pulls from, recording each `next()` as a `load` slice on its thread."""
 
     def __init__(self, batches: Iterable[Any], limit: int = 100_000):
-        self.batches = batches
+        self.upstream = batches
         self.slices: list[tuple[str, float, float]] = []  # (thread name, start, end)
         self.limit = limit
 
     def __iter__(self) -> Iterator[Any]:
-        it = iter(self.batches)
+        it = iter(self.upstream)
         name = threading.current_thread().name
         while True:
             t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """Where the loader's time goes: stage figures read from the loader and prefetcher upstream of a monitor.
 
-Duck-typed: anything with `stage_seconds` (a `StreamingDataLoader`: worker seconds per stage, summed
-over workers; `stage_seconds_by_worker` too when the loader keeps them) or `stats` with `wait_s` (a
-`DevicePrefetcher`; its `copy_s`, host-to-device time from CUDA events, is the `h2d` stage). The
+Typed: a `StageFigures` (contract.py; a `StreamingDataLoader`: worker seconds per stage, summed over
+workers, and `stage_seconds_by_worker`) or anything with `stats.wait_s` (a `DevicePrefetcher`; its
+`copy_s`, host-to-device time from CUDA events, is the `h2d` stage), found along `upstream` links. The
 loader's totals may restart with each worker pool (each epoch unless `persistent_workers`), so a
 `StageProbe` polls them after every batch and carries what a restart would drop.
 """
@@ -11,27 +11,28 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from dataflow.loading.contract import StageFigures
 from dataflow.loading.stages import DESCRIPTIONS as LOADER_DESCRIPTIONS
 from dataflow.loading.stages import STAGES as LOADER_STAGES
 from dataflow.loading.stages import add_seconds
 
 STAGES = (*LOADER_STAGES, "h2d")  # the loader's stages, then the prefetcher's copy
 DESCRIPTIONS = {**LOADER_DESCRIPTIONS, "h2d": "host-to-device copy"}
-LINKS = ("upstream", "loader", "dataloader", "batches", "source", "_upstream", "_loader")
+UPSTREAM = "upstream"  # the one attribute by which a wrapper (`DevicePrefetcher`) names what it wraps
 
 
 def find_sources(batches: Any) -> tuple[Any, Any]:
-    """(loader, prefetcher) found by following `upstream`-like attributes from `batches`, or None."""
+    """(loader, prefetcher) among `batches` and what it wraps, following `upstream` only; a loader is a
+    `StageFigures`, a prefetcher has `stats.wait_s`. Anything else is named with `StarvationMonitor.attach`."""
     loader = prefetcher = None
     obj, seen = batches, set()
-    while obj is not None and id(obj) not in seen and len(seen) < 8:
+    while obj is not None and id(obj) not in seen:
         seen.add(id(obj))
-        if loader is None and getattr(obj, "stage_seconds", None) is not None:
+        if loader is None and isinstance(obj, StageFigures):
             loader = obj
-        stats = getattr(obj, "stats", None)
-        if prefetcher is None and stats is not None and hasattr(stats, "wait_s"):
+        if prefetcher is None and hasattr(getattr(obj, "stats", None), "wait_s"):
             prefetcher = obj
-        obj = next((getattr(obj, k) for k in LINKS if getattr(obj, k, None) is not None), None)
+        obj = getattr(obj, UPSTREAM, None)
     return loader, prefetcher
 
 

@@ -1,0 +1,95 @@
+"""`Cursor`: the one owner of the loading position (epoch, consumed) and of its saved form.
+
+The position moves in exactly one place, `Cursor.follow`, which walks a `BatchPlan` and records each
+batch *before* it is handed on (so `state_dict()` taken while a batch is held includes it), then turns
+the epoch. `StreamingDataLoader` walks it; iterating a `StreamingDataset` directly walks it with batches
+of one sample. Jumps (`set_epoch`, `load_state_dict`) start a new generation: an iteration that was
+walking an older one stops with an error instead of overwriting the new position.
+
+Under torch's `DataLoader` with workers the position lives in those workers; `mark_untracked` (a flag
+in shared memory, so a worker can set it for the main process) makes `state_dict()` refuse then.
+The saved form is `LoaderState` (plan.py), unchanged since STATE_VERSION 2: old states still load.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, TypeVar
+
+import numpy as np
+import torch
+
+from dataflow.errors import ConfigError, DataflowError
+from dataflow.loading.plan import BatchPlan, LoaderState
+
+T = TypeVar("T")
+
+
+class Cursor:
+    """Where the next sample of this rank starts, and what a saved position must match to be valid here.
+
+    `seed`, `num_samples`, `seq_len` and `fingerprint` identify the data and sampling settings; a saved
+    state from other ones is refused (see `LoaderState.check_matches`)."""
+
+    def __init__(self, seed: int, num_samples: int, seq_len: int | None, fingerprint: str):
+        self.seed, self.num_samples, self.seq_len, self.fingerprint = seed, num_samples, seq_len, fingerprint
+        self.epoch = 0
+        self.consumed = 0  # global samples of the epoch already served (all ranks together)
+        self.generation = 0  # bumped by every jump and every new walk
+        self._untracked = torch.zeros(1, dtype=torch.uint8).share_memory_()
+
+    # --- reading ----------------------------------------------------------------------------------
+    def plan(self, rank: int, world: int, batch_size: int = 1, drop_last: bool = True) -> BatchPlan:
+        """This rank's batches from the current position to the end of the epoch."""
+        return BatchPlan(self.epoch, self.consumed, self.num_samples, rank, world, batch_size, drop_last)
+
+    def state(self) -> LoaderState:
+        return LoaderState(self.epoch, self.consumed, self.seed, self.num_samples, self.seq_len, self.fingerprint)
+
+    # --- moving -----------------------------------------------------------------------------------
+    def begin(self) -> int:
+        """A new walk: returns its token; any walk begun earlier is stale from now on."""
+        self.generation += 1
+        return self.generation
+
+    def is_current(self, token: int) -> bool:
+        return token == self.generation
+
+    def follow(self, plan: BatchPlan, batches: Iterable[T], token: int | None = None) -> Iterator[T]:
+        """Yield `batches` (the plan's, in order), recording each as consumed before it is yielded, and
+        start the next epoch after the last. With the `token` of `begin()`, a jump or a newer walk made
+        meanwhile stops this one with a `DataflowError` instead of letting it overwrite the position."""
+        for b, batch in enumerate(batches):
+            if token is not None and token != self.generation:
+                raise DataflowError("this loader iterator was replaced by a newer iter(loader); iterate the new one")
+            self.consumed = plan.consumed_after(b + 1)
+            yield batch
+        if token is None or token == self.generation:
+            self.epoch, self.consumed = plan.epoch + 1, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Jump to the start of `epoch` (nothing moves if it is the current epoch)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ConfigError(f"set_epoch takes an integer >= 0, got {epoch!r}")
+        self.generation += 1
+        if epoch != self.epoch:
+            self.epoch, self.consumed = int(epoch), 0
+
+    # --- saving -----------------------------------------------------------------------------------
+    def mark_untracked(self) -> None:
+        """Called in a torch DataLoader worker: the position now lives where state_dict() cannot see it."""
+        self._untracked[0] = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position and what it is valid for: small, JSON-serialisable."""
+        if self._untracked[0]:
+            raise ConfigError("this StreamingDataset was iterated by torch DataLoader workers, which keep its "
+                              "position to themselves: state_dict() cannot say where to resume. Use "
+                              "dataflow.StreamingDataLoader (it takes batch_size, num_workers, pin_memory, ...)")
+        return self.state().to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Jump to a saved position, after checking it belongs to this data and these settings."""
+        saved = LoaderState.from_dict(state)
+        saved.check_matches(self.state())
+        self.generation += 1
+        self.epoch, self.consumed = saved.epoch, saved.consumed

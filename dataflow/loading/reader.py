@@ -1,0 +1,147 @@
+"""`ShardReader`: the shards one process has open, the work ahead of it, and what it lets go.
+
+Each process that builds batches (the main process, or a loader worker with its own copy) has one.
+It is told which shuffle block of each stream is current (`advance`): it then downloads/decodes
+that block's shards and the next block's in the background (the "work-ahead", `storage.fetch_ahead`),
+and, once a batch is read (`evict_finished`), closes shards outside the current blocks: they are done
+for the epoch. Opening a shard times itself into the caller's `OpenTimes`, never into the reader.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dataflow.loading import decoded as decoded_mod
+from dataflow.loading.index import Blocks, SampleIndex
+from dataflow.loading.shards import OpenShard
+from dataflow.loading.storage import Storage, fetch_ahead
+
+
+@dataclass
+class OpenTimes:
+    """Seconds one call spent opening shards: `fetch` (download and open), `decode` (waiting for decoded copies)."""
+
+    fetch: float = 0.0
+    decode: float = 0.0
+
+
+class ShardReader:
+    """Open shards of one process, read by (shard index, sample index); see the module docstring."""
+
+    def __init__(self, index: SampleIndex, storages: list[Storage], decode_once: bool):
+        self.index, self.storages = index, storages
+        # per source: (format, token itemsize) when its zstd shards are decoded once per machine, else None
+        decoded = [(m.format, np.dtype(m.dtype).itemsize) if decode_once and m.compression == "zstd" else None
+                   for m in index.manifests]
+        self._decoded = decoded_mod.usable(storages, decoded)  # a read-only cache: decode here
+        self._open: dict[int, OpenShard] = {}
+        self._current: Blocks = {}  # stream -> (its epoch, block) last read
+        self._blocks_key: tuple = ()
+        self._ahead_key: tuple = ()
+
+    def shard(self, k: int, times: OpenTimes | None = None) -> OpenShard:
+        """Shard k, opened (downloaded, decoded) if it is not yet; the time that took goes into `times`."""
+        shard = self._open.get(k)
+        if shard is None:
+            t0 = time.perf_counter()
+            src, info = self.index.shards[k]
+            m, storage = self.index.manifests[src], self.storages[src]
+            t_decode = time.perf_counter()
+            path, decoded = decoded_mod.path_to_read(storage, info, self._decoded[src])
+            self._decoded[src] = decoded  # None from now on if the cache became unwritable
+            waited = time.perf_counter() - t_decode if decoded else 0.0
+            shard = self._open[k] = OpenShard(path, m.format, info, m.tokenizer.vocab_size, m.dtype,
+                                              decoded_from=info.sha256 if decoded and m.format == "arrow" else None,
+                                              name=storage.url(info))
+            if times is not None:
+                times.decode += waited
+                times.fetch += time.perf_counter() - t0 - waited
+        return shard
+
+    def advance(self, blocks: Blocks) -> None:
+        """These blocks are now current: when one starts, fetch it and the next one ahead, several shards
+        at once, while the batch reads the first it needs."""
+        self._current.update(blocks)
+        key = tuple(sorted(self._current.items()))
+        if key == self._ahead_key:
+            return
+        self._ahead_key = key
+        ahead = [self.index.shards[k] for stream, (epoch, block) in self._current.items() for b in (block, block + 1)
+                 for k in self.index.block_shards(stream, epoch, b)]
+        fetch_ahead(self.storages, ahead, self._decoded)
+
+    def evict_finished(self) -> None:
+        """Close open shards outside each stream's current shuffle block: they are done for this epoch."""
+        key = tuple(sorted(self._current.items()))
+        if key == self._blocks_key:
+            return
+        self._blocks_key = key
+        keep = set()
+        for stream, (epoch, block) in self._current.items():
+            keep.update(self.index.block_shards(stream, epoch, block))
+        for k in [k for k in self._open if k not in keep]:
+            self._close_shard(k)
+
+    def bound(self, limit: int) -> None:
+        """Keep at most `limit` shards open, closing the oldest (random access, `ds[i]`)."""
+        while len(self._open) > limit:
+            self._close_shard(next(iter(self._open)))
+
+    def _close_shard(self, k: int) -> None:
+        del self._open[k]
+        self.storages[self.index.shards[k][0]].release(self.index.shards[k][1])
+
+    def close(self, wait: bool = True) -> None:
+        """Let go of open shards and cache locks (`wait=False` does not wait for the work-ahead)."""
+        self._open.clear()
+        self._blocks_key, self._ahead_key = (), ()
+        for storage in self.storages:
+            storage.close(wait)
+
+    # --- reading ------------------------------------------------------------------------------------
+    def windows(self, shard_ids: np.ndarray, within: np.ndarray, times: OpenTimes) -> list[np.ndarray]:
+        """The packed windows (seq_len + 1 tokens) of the given samples."""
+        L = self.index.seq_len
+        return [self.shard(k, times).window(j * L, L + 1) for k, j in zip(shard_ids.tolist(), within.tolist())]
+
+    def pack(self, windows: list[np.ndarray], shard_ids: np.ndarray, within: np.ndarray,
+             out: dict[str, np.ndarray]) -> None:
+        """Windows -> the first rows of `out`: inputs, labels shifted by one, and position ids if asked."""
+        L = self.index.seq_len
+        if windows:
+            stacked = np.stack(windows)  # one uint16 copy, then two casting copies into the buffer
+            np.copyto(out["input_ids"][:len(windows)], stacked[:, :-1])
+            np.copyto(out["labels"][:len(windows)], stacked[:, 1:])
+        positions = out.get("position_ids")
+        if positions is not None:
+            for i, (k, j) in enumerate(zip(shard_ids.tolist(), within.tolist())):
+                positions[i] = _positions(self.shard(k).doc_boundaries(j * L, L), L)
+
+    def documents(self, shard_ids: np.ndarray, within: np.ndarray) -> dict[str, Any]:
+        """{"tokens": [LongTensor], "id": [str]} of the given documents."""
+        docs = [self.shard(int(k)).document(int(j)) for k, j in zip(shard_ids, within)]
+        return {"tokens": [torch.from_numpy(t.astype(np.int64)) for _, t in docs], "id": [d for d, _ in docs]}
+
+    def counts(self) -> dict[str, float]:
+        """This process's decoded-cache figures (`stages.TOTALS`), over all sources."""
+        return {"shards_decoded": float(sum(s.decodes for s in self.storages)),
+                "decode_hits": float(sum(s.decode_hits for s in self.storages)),
+                "decode_cpu_s": sum(s.decode_s for s in self.storages)}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_open": {}, "_blocks_key": (), "_ahead_key": ()}  # open shards: per process
+
+
+def _positions(boundaries: np.ndarray, length: int) -> np.ndarray:
+    """Position ids 0,1,2,... restarting at each document boundary inside the window."""
+    pos = np.arange(length, dtype=np.int64)
+    if boundaries.size:
+        starts = np.concatenate([[0], boundaries])
+        seg = np.searchsorted(starts, pos, side="right") - 1
+        pos -= starts[seg]
+    return pos
