@@ -110,3 +110,13 @@ def size(name: str) -> int | str | None:
         return parse_size(value)
     except ConfigError:
         raise _bad(name, value, "a size like 50GB, 1048576 or none") from None
+
+
+def cache_dir() -> str:
+    """The machine's dataflow cache folder: `$DATAFLOW_CACHE`, else `$XDG_CACHE_HOME/dataflow`, else
+    `~/.cache/dataflow` (the shard cache, and the local work folders of tokenize runs on object storage)."""
+    chosen = text("DATAFLOW_CACHE")
+    if chosen:
+        return chosen
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "dataflow")

@@ -34,7 +34,7 @@ import threading
 import time
 
 from dataflow import env
-from dataflow.errors import CacheFullError, CacheUnwritable, ConfigError, DataflowError, cause
+from dataflow.errors import CacheFullError, CacheUnwritable, DataflowError, cause
 from dataflow.units import parse_size
 
 _TAG = re.compile(r"[0-9a-f]{16}")
@@ -281,13 +281,7 @@ def _scan(cache_dir: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, s
     return entries, partials, total
 
 
-def default_cache_dir() -> str:
-    """`$DATAFLOW_CACHE`, else `$XDG_CACHE_HOME/dataflow`, else `~/.cache/dataflow`."""
-    chosen = env.text("DATAFLOW_CACHE")
-    if chosen:
-        return chosen
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "dataflow")
+default_cache_dir = env.cache_dir  # where the cache lives is the environment's to say
 
 
 def resolve_limit(limit: int | str | None, cache_dir: str | None) -> int | None:

@@ -33,7 +33,7 @@ def join(base: str, name: str) -> str:
 
 def local_work_root(out: str) -> str:
     """The local work folder of a run writing to the URL `out`."""
-    from dataflow.loading.cache import default_cache_dir
+    from dataflow.env import cache_dir as default_cache_dir
 
     return os.path.join(default_cache_dir(), "tokenize-work", hashlib.sha256(out.encode()).hexdigest()[:16])
 
