@@ -11,8 +11,6 @@ import os
 import pickle
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +23,7 @@ from dataflow.formats.manifest import ShardInfo, read_manifest
 from dataflow.formats import remote
 from dataflow.loading import storage as storage_mod
 from dataflow.loading.storage import Storage, StorageError
+from s3_server import moto_s3
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 SEQ = 32
@@ -392,41 +391,10 @@ def test_http_dataset_iterates_like_the_local_one(server, dataset, shards, tmp_p
 @pytest.fixture(scope="module")
 def s3(dataset):
     """moto's S3 server on 127.0.0.1 holding the dataset at s3://dataflow-test/ds."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        import boto3
-
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        for _ in range(600):
-            if proc.poll() is not None:
-                pytest.fail("moto_server exited at start")
-            try:
-                client.create_bucket(Bucket="dataflow-test")
-                break
-            except Exception:
-                time.sleep(0.05)
+    with moto_s3("dataflow-test") as (endpoint, client):
         for name in os.listdir(dataset):
             client.upload_file(os.path.join(dataset, name), "dataflow-test", f"ds/{name}")
         yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_s3_shards_through_the_cache(s3, dataset, shards, tmp_path, monkeypatch):

@@ -6,57 +6,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 
 import pytest
 
 import tokenize_kill_points as kill_points
+from s3_server import moto_s3
 from test_tokenize_scale import DATAFLOW
 
 
 @pytest.fixture(scope="module")
 def s3():
     """moto's S3 server on 127.0.0.1 with an empty bucket `out`; its endpoint in AWS_ENDPOINT_URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": endpoint}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()  # an instance cached by an earlier test knows another endpoint
-    try:
-        import boto3
-
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        for _ in range(600):
-            if proc.poll() is not None:
-                pytest.fail("moto_server exited at start")
-            try:
-                client.create_bucket(Bucket="out")
-                break
-            except Exception:
-                time.sleep(0.05)
+    with moto_s3("out", endpoint_env=True) as (_, client):
         yield client
-    finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        proc.terminate()
-        proc.wait(timeout=30)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def tokenize(src, out, *extra, cache):
