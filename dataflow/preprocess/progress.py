@@ -21,9 +21,14 @@ class InputProgress:
     def __init__(self, units: list[Unit], done: int, enabled: bool = True) -> None:
         self._estimate = {u.index: u.size * GUESSED_RATIO if splits_into_pieces(u) else u.size for u in units}
         self._read: dict[int, int] = {}  # decompressed bytes committed so far, per compressed unit
+        self._open = {u.index for u in units[done:] if splits_into_pieces(u)}  # sizes still estimated
         self.bar = tqdm(total=int(sum(self._estimate.values())),
                         initial=int(sum(self._estimate[u.index] for u in units[:done])), unit="B", unit_scale=True,
-                        desc="tokenize", disable=not enabled, dynamic_ncols=True)
+                        desc=self._desc(), disable=not enabled, dynamic_ncols=True)
+
+    def _desc(self) -> str:
+        """'tokenize', or 'tokenize (total estimated)' while a compressed input's size is still a guess."""
+        return "tokenize (total estimated)" if self._open else "tokenize"
 
     def advance(self, unit: Unit, plan_size: int, documents: int, tokens: int) -> None:
         """Count one committed unit or piece (`plan_size`: its plan unit's input bytes)."""
@@ -35,8 +40,11 @@ class InputProgress:
             estimate = done if unit.last else max(done, done * plan_size / max(unit.read, 1))
             self.bar.total = round(self.bar.total - self._estimate[unit.index] + estimate)
             self._estimate[unit.index] = estimate
+            if unit.last:
+                self._open.discard(unit.index)
+                self.bar.set_description(self._desc(), refresh=False)
             self.bar.update(unit.size)
-        self.bar.set_postfix(docs=documents, tokens=tokens, refresh=False)
+        self.bar.set_postfix(docs=f"{documents:,}", tokens=f"{tokens:,}", refresh=False)  # not tqdm's 3e+4
 
     def close(self) -> None:
         """End the bar; a run that got this far read everything, so the total is what was counted."""
