@@ -62,7 +62,12 @@ def stop_local_pool(pool: ProcessPoolExecutor, now: bool) -> None:
         # cancelled one, and the exit then hangs)
         for process in list((getattr(pool, "_processes", None) or {}).values()):
             process.kill()
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=not now)
+    if now and manager is not None:
+        # let the manager thread see the dead workers and close its pipes now: left running, Python 3.11's exit
+        # handler wakes it through a pipe it may have closed meanwhile (a traceback after the one-line error)
+        manager.join(timeout=10)
 
 
 def run_bundles(bundles: list[list[Unit]], spec: UnitSpec, workers: int, executor: str, scratch: str,
