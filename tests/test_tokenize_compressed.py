@@ -75,9 +75,11 @@ def test_the_progress_bar_counts_decompressed_bytes_to_100_percent(tmp_path, kjv
     src = tmp_path / "kjv.jsonl.zst"
     src.write_bytes(COMPRESS[".zst"](b"".join(kjv_lines)))
     p = run(src, tmp_path / "out", "--workers", "2")
-    frames = [f for f in p.stderr.replace("\r", "\n").splitlines() if f.startswith("tokenize:")]
+    frames = [f for f in p.stderr.replace("\r", "\n").splitlines() if f.startswith("tokenize")]
     size = len(b"".join(kjv_lines)) / 1e6
     assert len(frames) >= 3 and "100%" in frames[-1] and f"{size:.2f}M/{size:.2f}M" in frames[-1], frames[-3:]
+    assert frames[0].startswith("tokenize (total estimated):")  # the size of a .zst's text is a guess at first
+    assert frames[-1].startswith("tokenize:")  # and known once its last piece is read
 
 
 def test_kill_9_in_the_middle_of_a_compressed_file_resumes_to_the_same_bytes(tmp_path, kjv_lines):

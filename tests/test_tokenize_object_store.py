@@ -93,6 +93,7 @@ def test_a_killed_upload_run_resumes_to_the_same_shards(s3, kjv, tmp_path):
     assert shards == listed
 
 
+@pytest.mark.heavy  # a Ray cluster in-process (make test-all)
 def test_ray_tasks_upload_their_shards_to_s3(s3, kjv, tmp_path, monkeypatch):
     """A Ray job spread over machines writes one dataset: each task uploads its own shards."""
     import ray

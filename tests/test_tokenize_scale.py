@@ -159,6 +159,7 @@ def test_tar_formats_round_trip(corpus, tmp_path):
     assert len(list(wds.WebDataset(str(shard), shardshuffle=False))) > 0
 
 
+@pytest.mark.heavy  # a Ray cluster in-process (make test-all)
 def test_ray_executor_gives_the_same_bytes_and_returns_no_tokens(corpus, tmp_path, monkeypatch):
     import pickle
 
