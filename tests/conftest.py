@@ -35,6 +35,22 @@ def kjv() -> pathlib.Path:
     return KJV
 
 
+@pytest.fixture(scope="session")
+def kjv10(kjv, tmp_path_factory) -> pathlib.Path:
+    """KJV ten times as plain JSONL (44 MB of text, ids made distinct): more than one default unit (32 MB), and
+    with the bytes tokenizer several 2M-token record batches per shard."""
+    import zstandard
+
+    with open(kjv, "rb") as f:
+        lines = zstandard.ZstdDecompressor().stream_reader(f).read().splitlines(keepends=True)
+    path = tmp_path_factory.mktemp("kjv10") / "kjv10.jsonl"
+    with open(path, "wb") as f:
+        for copy in range(10):
+            for line in lines:
+                f.write(line.replace(b'"id": "', f'"id": "{copy}-'.encode(), 1))
+    return path
+
+
 def write_counting_dataset(out, tokens: int, docs: int, shard_size: str) -> str:
     """A dataset whose tokens count 0, 1, 2, ... (mod 65,000) across `docs` documents: every window is
     identifiable, so order and values can be checked exactly."""

@@ -11,7 +11,6 @@ import subprocess
 
 import numpy as np
 import pytest
-import zstandard
 
 from dataflow import ShardWriter, TokenizerMeta
 from dataflow.formats.writer import DocIds
@@ -21,28 +20,15 @@ from test_tokenize_scale import DATAFLOW, dataset_bytes
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 
 
-@pytest.fixture(scope="module")
-def big_corpus(kjv, tmp_path_factory):
-    """KJV ten times (44 MB of text): with the bytes tokenizer, several 2M-token record batches per shard."""
-    with open(kjv, "rb") as f:
-        lines = zstandard.ZstdDecompressor().stream_reader(f).read().splitlines(keepends=True)
-    path = tmp_path_factory.mktemp("big") / "kjv10.jsonl"
-    with open(path, "wb") as f:
-        for copy in range(10):
-            for line in lines:
-                f.write(line.replace(b'"id": "', f'"id": "{copy}-'.encode(), 1))
-    return path
-
-
 POINTS = [(1, {"shard": "before", "unit": 9}), (2, {"shard": "during", "unit": 14}),
           (1, {"shard": "after", "unit": 20}), (2, {"renamed": 26}), (1, {"next_unit": 33}),
           (2, {"shard": "during", "unit": 40})]
 
 
-def test_kill_9_around_a_workers_shard_write_resumes_to_the_same_bytes(big_corpus, tmp_path):
+def test_kill_9_around_a_workers_shard_write_resumes_to_the_same_bytes(kjv10, tmp_path):
     """Each run resumes the one before and is killed where the test chooses (tokenize_kill_points), with 1 worker
     (in this process) and 2 (in a worker process: the run dies with it)."""
-    args = ["tokenize", str(big_corpus), "--no-progress", "--shard-size", "600KB", "--unit-size", "1MB"]
+    args = ["tokenize", str(kjv10), "--no-progress", "--shard-size", "600KB", "--unit-size", "1MB"]
     subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref"), "--workers", "2"], check=True,
                    capture_output=True)
     out = tmp_path / "killed"
@@ -64,9 +50,9 @@ def test_kill_9_around_a_workers_shard_write_resumes_to_the_same_bytes(big_corpu
 
 
 @pytest.mark.heavy
-def test_soak_many_kills_resume_to_the_same_bytes(big_corpus, tmp_path):
+def test_soak_many_kills_resume_to_the_same_bytes(kjv10, tmp_path):
     """Twelve kills in one run's life, at chosen journal states and at random moments, whatever they hit."""
-    args = ["tokenize", str(big_corpus), "--no-progress", "--shard-size", "10MB", "--unit-size", "1MB"]
+    args = ["tokenize", str(kjv10), "--no-progress", "--shard-size", "10MB", "--unit-size", "1MB"]
     subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref"), "--workers", "2"], check=True,
                    capture_output=True)
     out = tmp_path / "killed"
@@ -117,10 +103,10 @@ def test_a_consumer_that_stops_early_stops_the_reading_thread_at_once():
         list(_threaded(damaged(), 1, "test-reader"))
 
 
-def test_interrupted_runs_resume_to_the_same_bytes_and_leave_no_temp_file(big_corpus, tmp_path):
+def test_interrupted_runs_resume_to_the_same_bytes_and_leave_no_temp_file(kjv10, tmp_path):
     """Ctrl-C while a worker's shard is half written: exit 130 without a traceback, nothing half written in the
     dataset; the rerun resumes to the bytes of an uninterrupted run."""
-    args = ["tokenize", str(big_corpus), "--no-progress", "--shard-size", "100MB", "--unit-size", "1MB",
+    args = ["tokenize", str(kjv10), "--no-progress", "--shard-size", "100MB", "--unit-size", "1MB",
             "--workers", "1"]
     subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref")], check=True, capture_output=True)
     out = tmp_path / "out"
@@ -135,12 +121,12 @@ def test_interrupted_runs_resume_to_the_same_bytes_and_leave_no_temp_file(big_co
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
-def test_ctrl_c_stops_at_once_and_the_rerun_resumes(big_corpus, tmp_path, workers):
+def test_ctrl_c_stops_at_once_and_the_rerun_resumes(kjv10, tmp_path, workers):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while a worker is in the middle of a
     bundle: `interrupted` and exit 130 within 2 s, not after the bundles in flight; the rerun completes."""
     import time
 
-    args = ["tokenize", str(big_corpus), "--no-progress", "--unit-size", "4MB", "--workers", workers]
+    args = ["tokenize", str(kjv10), "--no-progress", "--unit-size", "4MB", "--workers", workers]
     out, marker = tmp_path / "out", tmp_path / "holding"
     proc = subprocess.Popen(kill_points.command({"hold": str(marker), "unit": 8}, *args, "-o", out),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

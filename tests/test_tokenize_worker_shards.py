@@ -14,19 +14,6 @@ from test_tokenize_scale import DATAFLOW, dataset_bytes
 
 
 @pytest.fixture(scope="module")
-def kjv10(kjv, tmp_path_factory):
-    """KJV ten times (44 MB): more than one default unit (32 MB)."""
-    with open(kjv, "rb") as f:
-        lines = zstandard.ZstdDecompressor().stream_reader(f).read().splitlines(keepends=True)
-    path = tmp_path_factory.mktemp("kjv10") / "kjv10.jsonl"
-    with open(path, "wb") as f:
-        for copy in range(10):
-            for line in lines:
-                f.write(line.replace(b'"id": "', f'"id": "{copy}-'.encode(), 1))
-    return path
-
-
-@pytest.fixture(scope="module")
 def anonymous(kjv, tmp_path_factory):
     """KJV without ids, with bad lines spread through it, in two files."""
     with open(kjv, "rb") as f:
