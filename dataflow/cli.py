@@ -174,8 +174,9 @@ def _workers(text: str) -> int | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dataflow", description="Keep GPUs fed: tokenize, inspect, verify, "
-                                "decode, convert and profile token datasets; train a GPT on them.", formatter_class=_HelpFormatter)
+    p = argparse.ArgumentParser(prog="dataflow", description="Keep GPUs fed: tokenize, inspect, verify, decode, "
+                                "convert and profile token datasets; train a GPT on them.",
+                                formatter_class=_HelpFormatter)
     p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     p.add_argument("--debug", action="store_true", help="show full tracebacks (also DATAFLOW_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
