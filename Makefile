@@ -13,18 +13,19 @@ $(PY):
 	$(PIP) install --upgrade --quiet pip
 
 # Torch first, and only if missing: users bring their own CUDA build; pip must not pick one for us.
-# pip is not silenced: its download bars show progress. `make demo` needs only the project itself;
+# pip is not silenced: its download bars show progress. --no-compile: pip would byte-compile every module of
+# torch and ray (about 100 s of a 2-core machine's setup); Python compiles the few it imports on first use. `make demo` needs only the project itself;
 # `make test` adds the dev extras (pytest, a local S3 server, Ray, matplotlib).
 $(VENV)/.installed-base: $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || echo "== installing torch $(TORCH_VERSION) into $(VENV) (set TORCH_VERSION=... or install your own build first)"
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --progress-bar on "torch==$(TORCH_VERSION)"
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-compile --progress-bar on "torch==$(TORCH_VERSION)"
 	@echo "== installing dataflow-lm (editable) and its dependencies into $(VENV)"
-	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install --progress-bar on -e .
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install --no-compile --progress-bar on -e .
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.installed-base
 	@echo "== installing the dev extras (pytest, moto, boto3, s3fs, ray, matplotlib) into $(VENV)"
-	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install --progress-bar on -e ".[dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install --no-compile --progress-bar on -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed
