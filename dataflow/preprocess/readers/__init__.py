@@ -7,6 +7,7 @@ as blocks of consecutive records (`read_unit_blocks`). Everything a kind knows l
 - `jsonl.py`: `.jsonl/.json/.ndjson`, byte ranges of a plain file, parsed in bulk by pyarrow;
 - `parquet.py`: Parquet, one unit per row group;
 - `text.py`: `.txt`, one document per file;
+- `datasets_folder.py`: a Hugging Face `datasets` folder (`save_to_disk`), whole record batches per unit;
 - `compressed.py`: any of them compressed (checked: a cut file is an error), and `pieces.py`, the
   coordinator's cut of one compressed JSONL stream into pieces for the workers.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from dataflow.preprocess.readers import jsonl, parquet, text
+from dataflow.preprocess.readers import datasets_folder, jsonl, parquet, text
 from dataflow.preprocess.readers.compressed import read_errors
 from dataflow.preprocess.readers.listing import expand_inputs, input_kind, split_compression
 from dataflow.preprocess.readers.pieces import expand, pieces, splits_into_pieces
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["Block", "Span", "expand", "expand_inputs", "first_record_fields", "input_kind", "pieces",
            "read_unit_blocks", "spans", "split_compression", "splits_into_pieces"]
 
-_KINDS = {"jsonl": jsonl, "parquet": parquet, "text": text}
+_KINDS = {"jsonl": jsonl, "parquet": parquet, "text": text, "arrow": datasets_folder}
 
 
 def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Block]:
@@ -45,6 +46,8 @@ def spans(file: str, kind: str, size: int, unit_bytes: int) -> list[Span]:
         return jsonl.spans(file, size, unit_bytes)
     if kind == "parquet":
         return parquet.spans(file, size)
+    if kind == "arrow":
+        return datasets_folder.spans(file, size, unit_bytes)
     return [Span(0, 0, None, size)]
 
 
@@ -55,4 +58,6 @@ def first_record_fields(url: str, kind: str) -> list[str] | None:
         return parquet.first_fields(url)
     if kind == "jsonl":
         return jsonl.first_fields(url)
+    if kind == "arrow":
+        return datasets_folder.first_fields(url)
     return None

@@ -1,21 +1,27 @@
 """Which files a tokenize reads, and what kind each one is: paths, globs, folders and URLs -> input files.
 
-The kind of a file comes from its name (`input_kind`): JSONL, Parquet or text, each optionally compressed.
+The kind of a file comes from its name (`input_kind`): JSONL, Parquet or text, each optionally compressed,
+or the Arrow stream files of a `datasets` folder. A folder written by `datasets`' `save_to_disk` stands for
+its Arrow files in stored order (its JSON metadata is not input); a folder walked for inputs may hold such
+folders.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import posixpath
 
 import fsspec
 
 from dataflow.errors import ConfigError, InputError, InputNotFoundError
+from dataflow.preprocess.readers import datasets_folder
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
-INPUT_TYPES = ".jsonl/.json/.ndjson or .txt, optionally .gz/.zst/.bz2/.xz, or .parquet"
+INPUT_TYPES = (".jsonl/.json/.ndjson or .txt, optionally .gz/.zst/.bz2/.xz, .parquet, or a `datasets` folder "
+               "(save_to_disk)")
 
 
 def split_compression(url: str) -> tuple[str, str | None]:
@@ -27,8 +33,11 @@ def split_compression(url: str) -> tuple[str, str | None]:
 
 
 def input_kind(url: str) -> str:
-    """'jsonl', 'parquet' or 'text', from the file's name; an `InputNotFoundError` for any other name."""
-    base, _ = split_compression(url.lower())
+    """'jsonl', 'parquet', 'text' or 'arrow' (an Arrow stream, as in a `datasets` folder), from the file's
+    name; an `InputNotFoundError` for any other name."""
+    base, codec = split_compression(url.lower())
+    if base.endswith(".arrow") and codec is None:
+        return "arrow"
     if base.endswith(JSONL_SUFFIXES):
         return "jsonl"
     if base.endswith(".parquet"):
@@ -58,7 +67,7 @@ def _expand_one(item: str) -> list[str]:
     else:
         for p in paths:
             if fs.isdir(p):
-                found += sorted(f for f in fs.find(p) if _is_input(f))
+                found += _walk(fs, p)
             elif fs.exists(p):
                 found.append(p)
             else:
@@ -66,6 +75,26 @@ def _expand_one(item: str) -> list[str]:
     if not found:
         raise InputNotFoundError(f"{item}: matched no input files; check the path or pattern (inputs: {INPUT_TYPES})")
     return [f if protocol in ("file", "local") else fs.unstrip_protocol(f) for f in found]
+
+
+def _walk(fs: fsspec.AbstractFileSystem, folder: str) -> list[str]:
+    """The inputs under a folder, sorted; each `datasets` folder in it gives its Arrow files in stored order
+    where its first file sorts, a DatasetDict folder is refused. Other `.arrow` files are not inputs here
+    (a dataset made by `dataflow tokenize` holds some)."""
+    names = sorted(fs.find(folder))
+    held = {posixpath.dirname(f) for f in names if posixpath.basename(f) == datasets_folder.STATE}
+    for f in names:
+        if posixpath.basename(f) == datasets_folder.DICT:
+            datasets_folder.refuse_dict(fs, posixpath.dirname(f))
+    out: list[str] = []
+    for f in names:
+        home = posixpath.dirname(f)
+        if home in held:
+            if home not in out:
+                out.append(home)  # a placeholder, replaced by the folder's files below
+        elif _is_input(f) and input_kind(f) != "arrow":
+            out.append(f)
+    return [x for f in out for x in (datasets_folder.data_files(fs, f) if f in held else [f])]
 
 
 def _is_input(path: str) -> bool:
