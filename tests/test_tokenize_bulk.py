@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataflow.preprocess import blocks
+from dataflow.preprocess.readers import jsonl
 
 TRICKY = [
     b'{"id": "a", "text": "plain"}',
@@ -82,9 +82,9 @@ def test_tricky_jsonl_reads_as_json_loads_would(tmp_path, repeat):
 
 def test_small_blocks_cut_inside_lines_give_the_same_records(tmp_path, monkeypatch):
     data = b"\n".join(TRICKY * 5) + b"\n"
-    whole = list(blocks.jsonl_blocks(data, "text", "id", size=1 << 30))
-    monkeypatch.setattr(blocks, "BLOCK_BYTES", 97)
-    small = list(blocks.jsonl_blocks(data, "text", "id", size=97))
+    whole = list(jsonl.jsonl_blocks(data, "text", "id", size=1 << 30))
+    monkeypatch.setattr(jsonl, "BLOCK_BYTES", 97)
+    small = list(jsonl.jsonl_blocks(data, "text", "id", size=97))
     assert len(small) > len(whole)
     for column in ("texts", "ids", "errors"):
         assert sum((getattr(b, column).to_pylist() for b in small), []) == \

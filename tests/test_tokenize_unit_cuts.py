@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 import zstandard
 
-from dataflow.preprocess import blocks
-from dataflow.preprocess.pieces import pieces
 from dataflow.preprocess.plan import Unit, plan_units
+from dataflow.preprocess.readers import jsonl, pieces, read_unit_blocks
 
 UNIT_SIZES = [1, 2, 3, 5, 8, 13, 64, 257]
 
@@ -68,7 +67,7 @@ def test_byte_range_units_of_any_size_read_each_line_once(tmp_path, seed):
         path.write_bytes(data)
         units = plan_units([str(path)], unit)
         assert len(units) == -(-len(data) // unit)  # really cut into byte ranges of this size
-        got = block_records(b for u in units for b in blocks.read_unit_blocks(u))
+        got = block_records(b for u in units for b in read_unit_blocks(u))
         assert got == expected(data), (seed, unit)
 
 
@@ -83,7 +82,7 @@ def test_lines_longer_than_a_read_block_are_skipped_whole(tmp_path, seed):
             chunks = []
             with open(path, "rb") as f:
                 for start in range(0, len(data), unit):
-                    chunks += blocks._line_chunks(f, start, min(start + unit, len(data)), size=block)
+                    chunks += jsonl._line_chunks(f, start, min(start + unit, len(data)), size=block)
             assert b"".join(chunks) == data, (seed, unit, block)
 
 
@@ -91,7 +90,7 @@ def test_lines_longer_than_a_read_block_are_skipped_whole(tmp_path, seed):
 def test_blocks_inside_a_unit_read_each_line_once(seed):
     for size in (1, 2, 7, 64, 1000):
         data = corpus(seed, size)
-        got = block_records(blocks.jsonl_blocks(data, "text", "id", size=size))
+        got = block_records(jsonl.jsonl_blocks(data, "text", "id", size=size))
         assert got == expected(data), (seed, size)
 
 
@@ -104,7 +103,7 @@ def test_pieces_of_a_compressed_file_read_each_line_once(tmp_path, seed):
         cut = list(pieces(Unit(0, str(path), "jsonl", size=path.stat().st_size), piece))
         assert b"".join(p.data for p in cut) == data
         assert all(p.data.endswith(b"\n") for p in cut[:-1]) and [p.last for p in cut].count(True) == 1
-        got = block_records(b for p in cut for b in blocks.read_unit_blocks(p))
+        got = block_records(b for p in cut for b in read_unit_blocks(p))
         assert got == expected(data), (seed, piece)
 
 

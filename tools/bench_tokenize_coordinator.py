@@ -60,7 +60,7 @@ def measure(inputs: str, out: str, tokenizer: str, workers: int) -> dict:
 
 def decompression_ceiling(path: str, piece_bytes: int = 32 << 20) -> float:
     """MB/s of decompressed text one process gets out of `path`, cut into pieces as tokenize cuts it (CPU time)."""
-    from dataflow.preprocess.pieces import pieces
+    from dataflow.preprocess.readers import pieces
     from dataflow.preprocess.plan import plan_units
 
     unit = plan_units([path], piece_bytes)[0]

@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator
 
 from dataflow.errors import ConfigError
 from dataflow.lifetime import die_with_parent
-from dataflow.preprocess.pieces import expand
+from dataflow.preprocess.readers import expand
 from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.worker import BundleResult, UnitSpec, tokenize_bundle, worker_tokenizer
 

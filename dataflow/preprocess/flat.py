@@ -14,6 +14,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from dataflow.preprocess.readers import arrays
+
 Flat = tuple[np.ndarray, np.ndarray]  # (values uint32, offsets int64 from 0)
 
 _U32 = "I" if array.array("I").itemsize == 4 else "L"
@@ -29,9 +31,9 @@ def arrow_texts(texts: Sequence[str] | pa.Array) -> pa.Array:
     if isinstance(texts, (pa.Array, pa.ChunkedArray)):
         return texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
     try:
-        return pa.array(texts, pa.large_string())
-    except (UnicodeEncodeError, pa.ArrowException):
-        return pa.array([scrub(t) for t in texts], pa.large_string())
+        return arrays.large_strings(texts)  # not pa.array: it imports pandas
+    except UnicodeEncodeError:
+        return arrays.large_strings([scrub(t) for t in texts])
 
 
 def string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:

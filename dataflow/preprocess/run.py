@@ -28,7 +28,7 @@ import dataflow
 from dataflow.errors import ConfigError, DataflowError
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, TokenizerMeta, read_manifest, write_manifest
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, parse_size, shard_extension
-from dataflow.preprocess.blocks import read_unit_blocks
+from dataflow.preprocess.readers import read_unit_blocks
 from dataflow.preprocess.commit import commit_bundle
 from dataflow.preprocess.executors import run_bundles, start_local_pool, stop_local_pool
 from dataflow.preprocess.journal import Progress, load_progress, save_progress, save_seconds
@@ -36,7 +36,7 @@ from dataflow.preprocess import output
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
 from dataflow.preprocess.progress import InputProgress
-from dataflow.preprocess.sources import expand_inputs, first_record_fields
+from dataflow.preprocess.readers import expand_inputs, first_record_fields
 from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 

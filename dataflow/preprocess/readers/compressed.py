@@ -7,6 +7,8 @@ decompressor's job) and refuses a stream that does not end between two frames. g
 EOFError for a cut stream themselves. A compressed file that is empty, or that does not start with its
 codec's header, is refused too, and every codec's error becomes one `InputError` line naming the file.
 
+`open_decompressed` opens any input (compressed or not) this way.
+
 A stream of several frames (gzip members, bz2 streams) cut exactly between two of them is a valid,
 shorter file: no reader can tell it from a whole one.
 """
@@ -16,13 +18,16 @@ from __future__ import annotations
 import bz2
 import contextlib
 import gzip
+import io
 import lzma
 import zlib
 from typing import IO, Iterator
 
+import fsspec
 import zstandard
 
 from dataflow.errors import InputError, cause
+from dataflow.preprocess.readers.listing import split_compression
 
 ZSTD_MAGIC = 0xFD2FB528
 SKIPPABLE_MAGICS = range(0x184D2A50, 0x184D2A60)
@@ -203,3 +208,20 @@ def read_errors(url: str) -> Iterator[None]:
         raise damaged(url, str(e)) from cause(e)
     except OSError as e:  # bz2 says "Invalid data stream" with an OSError
         raise InputError(f"{url}: cannot read ({type(e).__name__}: {e})") from cause(e)
+
+
+@contextlib.contextmanager
+def open_decompressed(url: str, seek: bool = False) -> Iterator[IO[bytes]]:
+    """A buffered, line-iterable binary stream of the file's decompressed bytes. A compressed file that ends
+    early, or any error reading it, is an `InputError` naming it (also when raised by the caller's reads).
+
+    HTTP files are streamed (block_size=0) unless the caller must seek, which needs range requests.
+    """
+    _, codec = split_compression(url)
+    streaming = url.startswith(("http://", "https://")) and not seek
+    with read_errors(url), fsspec.open(url, "rb", **({"block_size": 0} if streaming else {})) as raw:
+        if codec is None:
+            yield raw
+        else:
+            with decompressed(raw, codec, url) as stream, io.BufferedReader(stream, buffer_size=1 << 20) as f:
+                yield f

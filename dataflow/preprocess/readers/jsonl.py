@@ -1,69 +1,77 @@
-"""Bulk readers: a work unit -> blocks of consecutive records as Arrow arrays, no Python object per record.
+"""JSONL inputs (`.jsonl/.json/.ndjson`, plain or compressed): a unit's lines -> blocks, in bulk.
 
-JSONL is cut into blocks of whole lines and parsed by pyarrow's JSON reader (C++), reading only the text
+Lines are cut into blocks of whole lines and parsed by pyarrow's JSON reader (C++), reading only the text
 and id fields. A block pyarrow cannot read exactly as `json.loads` would (a bad record, a blank line, a
 lone surrogate, an id that is neither string nor integer, invalid UTF-8) is parsed again line by line
-by `sources.parse_json_line`, so bad records are found, counted and explained exactly as before. Parquet
-row groups become blocks by slicing; a text file is one block: its document, then its lines that are not
-UTF-8 as bad records.
+(`parse_json_line`), so bad records are found, counted and explained exactly as before.
+
+An uncompressed file larger than a unit is cut into byte ranges; each line belongs to the unit its first
+byte lies in, so units cut anywhere give every line once. A compressed file is one unit, cut into pieces
+of its decompressed stream by the coordinator (`pieces.py`); a piece arrives with its bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
 from typing import IO, TYPE_CHECKING, Iterator
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataflow.preprocess.compressed import read_errors
-from dataflow.preprocess.sources import Record, open_decompressed, parse_json_line, read_parquet_groups, read_text
+from dataflow.preprocess.readers.compressed import open_decompressed
+from dataflow.preprocess.readers.listing import split_compression
+from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Record, Span, block_of, checked, missing_errors
 
 if TYPE_CHECKING:
     from dataflow.preprocess.plan import Unit
 
-BLOCK_BYTES = 1 << 21  # input bytes per block: one engine call and one output record batch
+
+def spans(file: str, size: int, unit_bytes: int) -> list[Span]:
+    """Byte ranges of `unit_bytes` for an uncompressed file that can be entered anywhere; else the whole file."""
+    fs, path = fsspec.core.url_to_fs(file)
+    if split_compression(file)[1] is None and size > unit_bytes and _supports_ranges(fs, path):
+        return [Span(0, start, min(start + unit_bytes, size), min(start + unit_bytes, size) - start)
+                for start in range(0, size, unit_bytes)]
+    return [Span(0, 0, None, size)]
 
 
-@dataclass
-class Block:
-    """Consecutive records: `texts` (null for a bad record), `ids` (null when the input has none) and
-    `errors` (why a record is bad; null for a good one), all of the same length; `positions`, where the
-    records are not numbered one after the other (a text file's lines), gives each one's place in its unit;
-    `starts`, for JSONL, the byte offset in its (decompressed) file where each record's line begins."""
-
-    texts: pa.Array
-    ids: pa.Array
-    errors: pa.Array
-    positions: np.ndarray | None = None
-    starts: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.texts)
+def _supports_ranges(fs, path: str) -> bool:
+    """Local and object stores seek; a plain HTTP server may not answer range requests."""
+    if "http" not in fs.protocol:
+        return True
+    try:
+        with fs.open(path, "rb", block_size=2) as f:
+            f.seek(1)
+            return len(f.read(1)) == 1
+    except (ValueError, OSError):
+        return False
 
 
-def block_of(records: list[Record], placed: bool = False) -> Block:
-    """The slow path's records as a block (`placed`: at their own `index`, not one after the other)."""
-    return Block(pa.array([r.text for r in records], pa.string()), pa.array([r.id for r in records], pa.string()),
-                 pa.array([r.error for r in records], pa.string()),
-                 np.array([r.index for r in records], dtype=np.int64) if placed else None)
+def unit_blocks(unit: "Unit", text_field: str, id_field: str) -> Iterator[Block]:
+    """The records of one unit: a piece's bytes, or a byte range of the file."""
+    if unit.data is not None:  # a piece of a compressed stream, decompressed by the main process
+        yield from jsonl_blocks(unit.data, text_field, id_field, base=unit.start)
+        return
+    with open_decompressed(unit.file, seek=unit.start > 0) as f:
+        for pos, chunk in _placed_line_chunks(f, unit.start, unit.end):
+            yield from jsonl_blocks(chunk, text_field, id_field, base=pos)
 
 
-def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Block]:
-    """Every record of one work unit, in order, a block at a time."""
-    with read_errors(unit.file):
-        if unit.data is not None:  # a piece of a compressed stream, decompressed by the main process
-            yield from jsonl_blocks(unit.data, text_field, id_field, base=unit.start)
-        elif unit.kind == "jsonl":
-            with open_decompressed(unit.file, seek=unit.start > 0) as f:
-                for pos, chunk in _placed_line_chunks(f, unit.start, unit.end):
-                    yield from jsonl_blocks(chunk, text_field, id_field, base=pos)
-        elif unit.kind == "parquet":
-            for table in read_parquet_groups(unit.file, text_field, id_field, unit.start, unit.end):
-                yield from _parquet_blocks(table, text_field, id_field)
-        else:
-            yield block_of(list(read_text(unit.file)), placed=True)
+def first_fields(url: str) -> list[str] | None:
+    """The fields of the file's first record; None when there is none to name (an empty file, or a first line
+    that is not a JSON object: a bad record, counted later)."""
+    with open_decompressed(url) as f:  # read, not readline: a streamed HTTP file cannot seek back
+        line = b""
+        while b"\n" not in line and (block := f.read(1 << 16)):
+            line += block
+    line = line.split(b"\n", 1)[0]
+    try:
+        obj = json.loads(line)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return list(obj) if isinstance(obj, dict) else None
 
 
 def _line_chunks(f: IO[bytes], start: int, end: int | None, size: int = BLOCK_BYTES) -> Iterator[bytes]:
@@ -165,35 +173,26 @@ def _pyarrow_jsonl(chunk: bytes, text_field: str, id_field: str, lines: int) -> 
             return None
         texts = table.column(text_field).combine_chunks()
         ids = pc.cast(table.column(id_field).combine_chunks(), pa.string())
-        return Block(texts, ids, _missing_errors(texts, f"missing field {text_field!r}"))
+        return Block(texts, ids, missing_errors(texts, f"missing field {text_field!r}"))
     return None
 
 
-def _missing_errors(texts: pa.Array, reason: str) -> pa.Array:
-    if not texts.null_count:
-        return pa.nulls(len(texts), pa.string())
-    return pc.if_else(texts.is_null(), pa.scalar(reason, pa.string()), pa.scalar(None, pa.string()))
-
-
-def _parquet_blocks(table: pa.Table, text_field: str, id_field: str) -> Iterator[Block]:
-    """A row group in blocks of about BLOCK_BYTES of text."""
-    texts = table.column(text_field).combine_chunks()
-    ids = table.column(id_field).combine_chunks() if id_field in table.column_names else pa.nulls(len(texts))
-    if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
-        from dataflow.preprocess.sources import parquet_records
-
-        yield block_of(list(parquet_records(texts.to_pylist(), ids.to_pylist(), text_field)))
-        return
-    if pa.types.is_integer(ids.type) or pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type) \
-            or pa.types.is_null(ids.type):
-        ids = pc.cast(ids, pa.string())
-    else:  # another type: str() of each value, as before
-        ids = pa.array([None if v is None else str(v) for v in ids.to_pylist()], pa.string())
-    texts = pc.cast(texts, pa.string()) if pa.types.is_large_string(texts.type) else texts
-    sizes = np.cumsum(pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False))
-    cuts = np.searchsorted(sizes, np.arange(BLOCK_BYTES, int(sizes[-1]) if len(sizes) else 0, BLOCK_BYTES))
-    bounds = [0, *sorted(set(int(c) + 1 for c in cuts)), len(texts)]
-    errors = _missing_errors(texts, f"field {text_field!r} is null, not a string")
-    for a, b in zip(bounds, bounds[1:]):
-        if b > a:
-            yield Block(texts.slice(a, b - a), ids.slice(a, b - a), errors.slice(a, b - a))
+def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> Record:
+    """One JSONL line as a record, or as a bad record saying why (the slow path, for blocks with one)."""
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as e:
+        reason = "empty line" if not raw.strip() else f"invalid JSON ({e})"
+        return Record(index, None, None, reason)
+    except RecursionError:
+        return Record(index, None, None, "JSON nested too deeply to parse")
+    if not isinstance(obj, dict):
+        return Record(index, None, None, "not a JSON object")
+    doc_id = obj.get(id_field)
+    doc_id = None if doc_id is None else str(doc_id)
+    text = obj.get(text_field)
+    if text is None:
+        return Record(index, doc_id, None, f"missing field {text_field!r}")
+    if not isinstance(text, str):
+        return Record(index, doc_id, None, f"field {text_field!r} is {type(text).__name__}, not a string")
+    return checked(Record(index, doc_id, text))

@@ -10,22 +10,25 @@ pieces it committed) and any number of workers see the same pieces.
 from __future__ import annotations
 
 import dataclasses
-from typing import IO, Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Iterable, Iterator
 
 import fsspec
 
-from dataflow.preprocess.compressed import decompressed, read_errors
-from dataflow.preprocess.plan import Unit, cut_into_pieces
-from dataflow.preprocess.sources import split_compression
+from dataflow.preprocess.readers.compressed import decompressed, read_errors
+from dataflow.preprocess.readers.listing import split_compression
 
+if TYPE_CHECKING:
+    from dataflow.preprocess.plan import Unit
 
 READ_SIZE = 8 << 20  # compressed bytes per read of the source
 
 
-splits_into_pieces = cut_into_pieces
+def splits_into_pieces(unit: "Unit") -> bool:
+    """A whole compressed JSONL file: read by the coordinator and cut into pieces for the workers."""
+    return unit.kind == "jsonl" and unit.data is None and split_compression(unit.file)[1] is not None
 
 
-def expand(bundles: Iterable[list[Unit]], piece_bytes: int, first_piece: int = 0) -> Iterator[list[Unit]]:
+def expand(bundles: Iterable[list["Unit"]], piece_bytes: int, first_piece: int = 0) -> Iterator[list["Unit"]]:
     """`bundles` with each compressed JSONL file replaced by its pieces, each a bundle of its own (the first
     bundle resumes at `first_piece`)."""
     for n, bundle in enumerate(bundles):
@@ -47,7 +50,7 @@ def _read_full(f: IO[bytes], n: int) -> bytes:
     return b"".join(parts)
 
 
-def pieces(unit: Unit, piece_bytes: int, skip: int = 0) -> Iterator[Unit]:
+def pieces(unit: "Unit", piece_bytes: int, skip: int = 0) -> Iterator["Unit"]:
     """The pieces of one compressed JSONL unit from piece `skip` on; the last has `last=True`.
 
     Each piece carries its number, its decompressed bytes (`data`, `size`), where they start in the
@@ -58,7 +61,7 @@ def pieces(unit: Unit, piece_bytes: int, skip: int = 0) -> Iterator[Unit]:
     # default 128 KB a busy main thread made decompression 8x slower
     with read_errors(unit.file), fsspec.open(unit.file, "rb") as raw, \
             decompressed(raw, codec, unit.file, read_size=READ_SIZE) as f:
-        held: Unit | None = None
+        held: "Unit | None" = None
         start = 0
         for number, data in enumerate(_cut(f, piece_bytes)):
             if held is not None:
@@ -76,8 +79,8 @@ def pieces(unit: Unit, piece_bytes: int, skip: int = 0) -> Iterator[Unit]:
 
 def _cut(f: IO[bytes], piece_bytes: int) -> Iterator[bytes]:
     """The stream in pieces of whole lines: piece k holds the lines whose first byte lies in
-    [k * piece_bytes, (k + 1) * piece_bytes), as the byte ranges of an uncompressed file are cut (`plan.py`),
-    so a file and its compressed copy give the same shards. A range in which no line starts gives no piece."""
+    [k * piece_bytes, (k + 1) * piece_bytes), as an uncompressed file's byte ranges are cut (`jsonl.spans`), so
+    a file and its compressed copy give the same shards. A range in which no line starts gives no piece."""
     data, pos, ended = b"", 0, False  # pos: where data starts in the stream
     while True:
         boundary = (pos // piece_bytes + 1) * piece_bytes

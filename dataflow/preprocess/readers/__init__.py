@@ -1,0 +1,63 @@
+"""The readers of `dataflow tokenize`: input files -> work units -> blocks of records, one module per input kind.
+
+The coordinator lists the inputs (`expand_inputs`, `input_kind`), asks each kind how its files are cut into
+units (`spans`) and what fields a file's first record has (`first_record_fields`); a worker reads one unit
+as blocks of consecutive records (`read_unit_blocks`). Everything a kind knows lives in its own module:
+
+- `jsonl.py`: `.jsonl/.json/.ndjson`, byte ranges of a plain file, parsed in bulk by pyarrow;
+- `parquet.py`: Parquet, one unit per row group;
+- `text.py`: `.txt`, one document per file;
+- `datasets_folder.py`: a Hugging Face `datasets` folder (`save_to_disk`), whole record batches per unit;
+- `compressed.py`: any of them compressed (checked: a cut file is an error), and `pieces.py`, the
+  coordinator's cut of one compressed JSONL stream into pieces for the workers.
+
+`listing.py` names files and kinds; `records.py` holds the `Block` every reader yields; `arrays.py` builds
+Arrow arrays without importing pandas.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from dataflow.preprocess.readers import datasets_folder, jsonl, parquet, text
+from dataflow.preprocess.readers.compressed import read_errors
+from dataflow.preprocess.readers.listing import expand_inputs, input_kind, split_compression
+from dataflow.preprocess.readers.pieces import expand, pieces, splits_into_pieces
+from dataflow.preprocess.readers.records import Block, Span
+
+if TYPE_CHECKING:
+    from dataflow.preprocess.plan import Unit
+
+__all__ = ["Block", "Span", "expand", "expand_inputs", "first_record_fields", "input_kind", "pieces",
+           "read_unit_blocks", "spans", "split_compression", "splits_into_pieces"]
+
+_KINDS = {"jsonl": jsonl, "parquet": parquet, "text": text, "arrow": datasets_folder}
+
+
+def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Block]:
+    """Every record of one work unit, in order, a block at a time; a read error is one `InputError` line."""
+    with read_errors(unit.file):
+        yield from _KINDS[unit.kind].unit_blocks(unit, text_field, id_field)
+
+
+def spans(file: str, kind: str, size: int, unit_bytes: int) -> list[Span]:
+    """How one input file is cut into work units (in order), by its kind's reader."""
+    if kind == "jsonl":
+        return jsonl.spans(file, size, unit_bytes)
+    if kind == "parquet":
+        return parquet.spans(file, size)
+    if kind == "arrow":
+        return datasets_folder.spans(file, size, unit_bytes)
+    return [Span(0, 0, None, size)]
+
+
+def first_record_fields(url: str, kind: str) -> list[str] | None:
+    """The fields of a file's first record (a Parquet file's columns); None when it has none to name
+    (a text file, an empty file, or a first line that is not a JSON object: a bad record, counted later)."""
+    if kind == "parquet":
+        return parquet.first_fields(url)
+    if kind == "jsonl":
+        return jsonl.first_fields(url)
+    if kind == "arrow":
+        return datasets_folder.first_fields(url)
+    return None

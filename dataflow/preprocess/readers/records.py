@@ -1,0 +1,83 @@
+"""What every reader hands on: `Block`s of consecutive records as Arrow arrays, and the `Record` of the slow path.
+
+A reader gives the worker blocks, never a Python object per record, where its input allows. A block that the
+bulk path cannot read exactly (a bad record in it) is read again record by record as `Record`s, each a
+document or a bad record with the reason it is bad, and turned back into a block (`block_of`), so that bad
+records are counted in input order and never depend on timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dataflow.preprocess.readers import arrays
+
+BLOCK_BYTES = 1 << 21  # input bytes per block: one engine call and one output record batch
+
+
+@dataclass
+class Record:
+    """One input record. `index` counts records from the start of its work unit (in a text file: the line a
+    record starts at, from 0); `text` is None when the record is bad, and `error` says why; `id` is None when
+    the input carries none."""
+
+    index: int
+    id: str | None
+    text: str | None
+    error: str | None = None
+
+
+@dataclass
+class Block:
+    """Consecutive records: `texts` (null for a bad record), `ids` (null when the input has none) and
+    `errors` (why a record is bad; null for a good one), all of the same length; `positions`, where the
+    records are not numbered one after the other (a text file's lines), gives each one's place in its unit;
+    `starts`, for JSONL, the byte offset in its (decompressed) file where each record's line begins."""
+
+    texts: pa.Array
+    ids: pa.Array
+    errors: pa.Array
+    positions: np.ndarray | None = None
+    starts: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def block_of(records: list[Record], placed: bool = False) -> Block:
+    """The slow path's records as a block (`placed`: at their own `index`, not one after the other)."""
+    return Block(arrays.strings([r.text for r in records]), arrays.strings([r.id for r in records]),
+                 arrays.strings([r.error for r in records]),
+                 np.array([r.index for r in records], dtype=np.int64) if placed else None)
+
+
+def checked(rec: Record) -> Record:
+    """Reject text that cannot be UTF-8 encoded (lone surrogates from JSON escapes)."""
+    try:
+        rec.text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return Record(rec.index, rec.id, None, f"undecodable text ({e.reason} at character {e.start})")
+    return rec
+
+
+def missing_errors(texts: pa.Array, reason: str) -> pa.Array:
+    """`reason` where a text is null, null elsewhere: the errors of a block read in bulk."""
+    if not texts.null_count:
+        return pa.nulls(len(texts), pa.string())
+    return pc.if_else(texts.is_null(), arrays.text_scalar(reason), arrays.text_scalar(None))
+
+
+class Span(NamedTuple):
+    """One work unit's share of a file, as a reader cuts it: `start`/`end` (a byte range of JSONL, a range of
+    Parquet row groups or of record batches; end None: to the end), `first_row` (the file's row number of the
+    span's first row, for ids named by row) and `size` (the input bytes it covers, for progress and bundling)."""
+
+    first_row: int
+    start: int
+    end: int | None
+    size: int
