@@ -27,7 +27,7 @@ import fsspec
 import dataflow
 from dataflow.errors import ConfigError, DataflowError
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, TokenizerMeta, read_manifest, write_manifest
-from dataflow.formats.writer import DEFAULT_SHARD_SIZE, parse_size, shard_extension
+from dataflow.formats.writer import DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size, shard_extension
 from dataflow.preprocess.blocks import read_unit_blocks
 from dataflow.preprocess.commit import commit_bundle
 from dataflow.preprocess.executors import run_bundles, start_local_pool, stop_local_pool
@@ -40,7 +40,6 @@ from dataflow.preprocess.sources import expand_inputs, first_record_fields
 from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 
-ZSTD_LEVELS = range(-(1 << 17), 23)  # zstd's own range, ZSTD_minCLevel() to ZSTD_maxCLevel(); 0 means its default, 3
 MIN_UNIT_SIZE = 64 << 10  # --unit-size below this only multiplies units (a 1-byte unit per input byte)
 
 
@@ -91,13 +90,11 @@ class TokenizeConfig:
         if self.zstd_level is not None and self.compression != "zstd":
             raise ConfigError(f"--zstd-level {self.zstd_level} goes with --compression zstd, not --compression "
                               f"{self.compression}; drop one of the two")
-        if self.zstd_level is not None and self.zstd_level not in ZSTD_LEVELS:
-            raise ConfigError(f"--zstd-level {self.zstd_level}: zstd levels run from 1 (fast) to 22 (small), and "
-                              f"down to {ZSTD_LEVELS.start} (faster still, larger); pass one of those")
+        check_zstd_level(self.zstd_level, "--zstd-level")
         if self.unit_bytes is not None and self.unit_bytes < MIN_UNIT_SIZE:
             raise ConfigError(f"--unit-size: {self.unit_bytes:,} bytes is below the {MIN_UNIT_SIZE >> 10}KB minimum "
                               f"(smaller units only add overhead); pass a larger size, or leave it out")
-        parse_size(self.shard_size)
+        check_shard_size(self.shard_size, "--shard-size")
 
 
 def worker_count(workers: int | str) -> int:
