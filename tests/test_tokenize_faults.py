@@ -45,17 +45,17 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
 
 
 def test_the_engine_proof_samples_a_bounded_prefix_of_a_huge_first_document(tmp_path, monkeypatch):
-    from dataflow.preprocess import run as run_mod
+    from dataflow.preprocess import startup
     from dataflow.preprocess.tokenizers import SAMPLE_CHARS
 
     seen = []
-    real = run_mod.load_tokenizer
+    real = startup.load_tokenizer
 
     def recording(spec, engine="auto", **kw):
         seen.append(sum(len(t) for t in kw.get("sample", ())))
         return real(spec, engine, **kw)
 
-    monkeypatch.setattr(run_mod, "load_tokenizer", recording)
+    monkeypatch.setattr(startup, "load_tokenizer", recording)
     big = "In the beginning was the word. " * (4 * SAMPLE_CHARS // 30)
     src = lines(tmp_path / "in.jsonl", [{"text": big}, {"text": "and the word was short"}])
     assert main(["tokenize", src, "-o", str(tmp_path / "out"), "--tokenizer", str(GPT2_JSON), "--workers", "1",

@@ -72,8 +72,6 @@ def test_the_coordinator_never_imports_pandas(pandas_importers):
     assert coordinator not in importers
 
 
-@pytest.mark.xfail(strict=True, reason="needs the worker.py and formats/arrow.py changes listed in the readers "
-                                       "report (pa.array of numpy there imports pandas); drop this mark with them")
 def test_no_worker_imports_pandas(pandas_importers):
     coordinator, importers = pandas_importers
     assert not importers - {coordinator}

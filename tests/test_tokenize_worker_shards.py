@@ -87,17 +87,17 @@ def test_max_errors_stops_at_the_same_record_for_any_workers(anonymous, tmp_path
 
 def test_workers_hand_back_no_tokens(kjv, tmp_path, monkeypatch):
     """What the coordinator receives per bundle is a few hundred bytes, whatever the bundle's tokens."""
-    from dataflow.preprocess import run as run_mod
+    from dataflow.preprocess import commit as commit_mod
     from dataflow.preprocess.run import TokenizeConfig, tokenize
 
     sizes = []
-    commit = run_mod.commit_bundle
+    commit = commit_mod.commit_bundle
 
     def measured(result, *args, **kwargs):
         sizes.append((len(pickle.dumps(result)), result.tokens))
         return commit(result, *args, **kwargs)
 
-    monkeypatch.setattr(run_mod, "commit_bundle", measured)
+    monkeypatch.setattr(commit_mod, "commit_bundle", measured)
     tokenize(TokenizeConfig(inputs=[str(kjv)], out=str(tmp_path / "o"), unit_bytes=256 << 10, workers=2,
                             progress=False))
     assert len(sizes) >= 16 and max(size for size, _ in sizes) < 4096 < min(tokens for _, tokens in sizes)

@@ -89,28 +89,28 @@ def _install_shard_point(when: dict) -> None:
 
 
 def _install(when: dict) -> None:
-    from dataflow.preprocess import run
+    from dataflow.preprocess import commit, finish, startup
 
     if "shard" in when or "hold" in when:
         _install_shard_point(when)
     if "renamed" in when:
-        commit = run.commit_bundle
+        commit_bundle = commit.commit_bundle
 
         def commit_then_stop(result, *args, **kwargs):
-            commit(result, *args, **kwargs)
+            commit_bundle(result, *args, **kwargs)
             if result.unit.index >= when["renamed"]:
                 _stop(when)
 
-        run.commit_bundle = commit_then_stop
+        commit.commit_bundle = commit_then_stop
     if "manifest" in when:
-        write = run.write_manifest
+        write = finish.write_manifest
 
         def write_then_stop(*args, **kwargs):
             write(*args, **kwargs)
             _stop(when)
 
-        run.write_manifest = write_then_stop
-    save = run.save_progress
+        finish.write_manifest = write_then_stop
+    save = commit.save_progress
     done = []
 
     def save_then_stop(work_dir, progress):
@@ -125,7 +125,7 @@ def _install(when: dict) -> None:
         else:
             _stop(when)
 
-    run.save_progress = save_then_stop
+    startup.save_progress = commit.save_progress = save_then_stop  # the fresh journal, then each save
 
 
 if __name__ == "__main__":

@@ -18,11 +18,38 @@ import pyarrow as pa
 from dataflow.errors import ConfigError
 from dataflow.formats import arrow
 from dataflow.formats.atomic import atomic_open
+from dataflow.errors import FormatError
 from dataflow.formats.manifest import COMPRESSIONS, FORMATS, Manifest, ShardInfo, TokenizerMeta, write_manifest
 from dataflow.units import parse_size  # noqa: F401  (callers import it from here too)
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
 MAX_SHARD_SIZE = 8 << 30  # the layout of an Arrow shard is a fixed-width field sized for its record batches
+ZSTD_LEVELS = range(-(1 << 17), 23)  # zstd's own range, ZSTD_minCLevel() to ZSTD_maxCLevel(); 0 means its default, 3
+
+
+def check_zstd_level(level: int | None, name: str = "zstd_level") -> None:
+    """Refuse a zstd level zstd does not have (`name`: the argument or flag as the caller knows it); None is
+    the default level. The one check behind both `ShardWriter` and `dataflow tokenize --zstd-level`."""
+    if level is None:
+        return
+    if isinstance(level, bool) or not isinstance(level, int) or level not in ZSTD_LEVELS:
+        raise ConfigError(f"{name} {level!r}: zstd levels run from 1 (fast) to 22 (small), and down to "
+                          f"{ZSTD_LEVELS.start} (faster still, larger); pass one of those")
+
+
+def check_shard_size(shard_size: int | str, name: str = "shard_size") -> int:
+    """`shard_size` in bytes (an int, or text like '256MB'), or a `ConfigError` naming `name` and the range."""
+    if isinstance(shard_size, bool) or not isinstance(shard_size, (int, str)):
+        raise ConfigError(f"{name} {shard_size!r}: pass a number of bytes, or a size like 256MB")
+    try:
+        size = parse_size(shard_size)
+    except ConfigError as e:
+        hint = "" if "write it like" in str(e) else "; pass a size like 128MB"
+        raise ConfigError(f"{name}: {e}{hint}") from None
+    if size > MAX_SHARD_SIZE:
+        raise ConfigError(f"{name} {shard_size}: above the {MAX_SHARD_SIZE >> 30}GB a shard may hold; pass a "
+                          f"smaller size (shards of a few hundred MB stream and resume best)")
+    return size
 
 
 def shard_extension(format: str, compression: str) -> str:
@@ -116,6 +143,32 @@ class _ShardBuffer:
         return _string_array(offsets, bytes(self.ids))
 
 
+def _check_arguments(meta: TokenizerMeta, format: str, compression: str, zstd_level: int | None, prefix: str,
+                     first_index: int) -> None:
+    """Refuse `ShardWriter` arguments that cannot work now, one `ConfigError` line each, rather than an
+    error from deep inside a shard write later (or a manifest no reader accepts)."""
+    if format not in FORMATS:
+        raise ConfigError(f"format {format!r}: unknown shard format; choose one of {', '.join(FORMATS)}")
+    if compression not in COMPRESSIONS:
+        raise ConfigError(f"compression {compression!r}: unknown; choose one of {', '.join(COMPRESSIONS)}")
+    check_zstd_level(zstd_level)
+    if zstd_level is not None and compression != "zstd":
+        raise ConfigError(f"zstd_level {zstd_level} goes with compression='zstd', not {compression!r}; drop one "
+                          f"of the two")
+    if not isinstance(meta, TokenizerMeta):
+        raise ConfigError(f"tokenizer_meta: a {type(meta).__name__}, not a TokenizerMeta; pass the tokenizer's "
+                          f"own (e.g. load_tokenizer(...).meta)")
+    try:  # the checks every reader makes of a manifest: a writer must not produce one they refuse
+        Manifest(tokenizer=meta, format=format, compression=compression, dtype=meta.dtype).validate("tokenizer_meta")
+    except FormatError as e:
+        raise ConfigError(f"{e}; pass the metadata of the tokenizer that made the tokens") from None
+    if not isinstance(prefix, str) or "/" in prefix or os.sep in prefix:
+        raise ConfigError(f"prefix {prefix!r}: shard names start with it, so it must be text without a path "
+                          f"separator; pass the folder as `out`")
+    if isinstance(first_index, bool) or not isinstance(first_index, int) or first_index < 0:
+        raise ConfigError(f"first_index {first_index!r}: the number of the first shard must be an integer >= 0")
+
+
 class ShardWriter:
     """Write token documents into shards plus `index.json`.
 
@@ -132,20 +185,14 @@ class ShardWriter:
                  compression: str = "zstd", shard_size: int | str = DEFAULT_SHARD_SIZE,
                  zstd_level: int | None = None, provenance: dict[str, Any] | None = None,
                  prefix: str = "shard-", first_index: int = 0):
-        if format not in FORMATS:
-            raise ConfigError(f"unknown shard format {format!r}; choose one of {', '.join(FORMATS)}")
-        if compression not in COMPRESSIONS:
-            raise ConfigError(f"unknown compression {compression!r}; choose one of {', '.join(COMPRESSIONS)}")
+        _check_arguments(tokenizer_meta, format, compression, zstd_level, prefix, first_index)
         self.out = out
         self.meta = tokenizer_meta
         self.dtype = np.dtype(tokenizer_meta.dtype)
         self._max_id = int(np.iinfo(self.dtype).max)  # an array already of `dtype` is in range by construction
         self.format = format
         self.compression = compression
-        self.shard_size = parse_size(shard_size)
-        if self.shard_size > MAX_SHARD_SIZE:
-            raise ConfigError(f"shard size {shard_size} is above the {MAX_SHARD_SIZE >> 30}GB this writer allows; "
-                              f"shards of a few hundred MB stream and resume best")
+        self.shard_size = check_shard_size(shard_size)
         self.zstd_level = zstd_level
         self.provenance = provenance or {}
         self.prefix = prefix

@@ -4,19 +4,69 @@ Workers hand back manifest entries, record counts and bad records, never tokens;
 logs its bad records (with line numbers counted across the units of each file), renames its shards from
 the scratch folder to their place in the dataset (numbered in input order, per split) and advances the
 journal's counters. Its cost is per shard and per bad record, not per token.
+
+The `Committer` is the one owner of a run's `Progress` once the run has started: it alone changes the
+counters, appends to the error log and saves the journal (at most every `save_seconds()`, and at the
+end), so what the journal says always matches the shards in place and the log's length.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, replace
 from typing import IO, Any
 
 from dataflow.errors import InputError
-from dataflow.preprocess.journal import Progress
+from dataflow.preprocess.journal import Progress, save_progress, save_seconds
 from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.worker import BundleResult
+
+
+class Committer:
+    """Commits bundle results in input order into the dataset and keeps the journal of `work_dir`.
+
+    `split_dirs` None: an object store, where workers uploaded the shards to their final names already.
+    Use it as a context manager: the error log is open inside, and a clean exit saves the journal."""
+
+    def __init__(self, progress: Progress, work_dir: str, scratch: str, split_dirs: dict[str, str] | None,
+                 extension: str, errors_path: str, max_errors: int) -> None:
+        self._progress = progress
+        self._work_dir, self._scratch, self._split_dirs = work_dir, scratch, split_dirs
+        self._extension, self._errors_path, self._max_errors = extension, errors_path, max_errors
+        self._errlog: IO[str] | None = None
+        self._saved = time.monotonic()
+
+    @property
+    def progress(self) -> Progress:
+        """The counters and shard lists so far (read them; only the committer changes them)."""
+        return self._progress
+
+    def __enter__(self) -> "Committer":
+        self._errlog = open(self._errors_path, "a")
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc_type is None:
+                self.save()
+        finally:
+            self._errlog.close()
+
+    def commit(self, result: BundleResult) -> None:
+        """Put one bundle in place (the next in input order); save the journal when it is due."""
+        commit_bundle(result, self._progress, self._scratch, self._split_dirs, self._extension, self._errlog,
+                      self._errors_path, self._max_errors)
+        if time.monotonic() - self._saved >= save_seconds():
+            self.save()
+
+    def save(self) -> None:
+        """The journal as of now: the shards in place, the counters and the error log's length."""
+        self._errlog.flush()
+        self._progress.errors_log_bytes = self._errlog.tell()
+        save_progress(self._work_dir, self._progress)
+        self._saved = time.monotonic()
 
 
 def commit_bundle(result: BundleResult, progress: Progress, scratch: str, split_dirs: dict[str, str] | None,
@@ -61,7 +111,7 @@ def _log_errors(result: BundleResult, progress: Progress, errlog: IO[str], error
 def _log_error(unit: Unit, record: int, doc_id: Any, reason: str, progress: Progress, errlog: IO[str],
                errors_path: str, max_errors: int) -> None:
     progress.errors += 1
-    where = {"row": record} if unit.kind == "parquet" else {"line": record + 1}  # JSONL and text: lines from 1
+    where = {"row": record} if unit.kind in ("parquet", "arrow") else {"line": record + 1}  # JSONL and text: lines from 1
     errlog.write(json.dumps({"file": unit.file, **where, "id": doc_id, "reason": reason}) + "\n")
     if progress.errors > max_errors:
         errlog.flush()

@@ -1,19 +1,20 @@
-"""Where bundles run: on a local process pool (one process for --workers 1), or on a Ray cluster.
+"""Where bundles run: executors that own their workers (in this process, a local process pool, Ray).
 
-Every executor yields bundle results strictly in input order, with a bounded number of bundles in flight,
-so the commit side is the same for all of them and memory stays bounded. Each bundle is tokenized by
-`worker.tokenize_bundle` into finished shards in the scratch folder; what comes back is a few hundred bytes
-of manifest entries and counts, never tokens (a Ray task returns the same). A compressed JSONL file is read
-here and handed out as pieces of its decompressed stream (`pieces.py`), one bundle per piece. Bundles never
-run in the coordinator's own thread: a Ctrl-C there is handled at once (the workers are killed), never
-after an engine call of many seconds returns. Scale-out
-beyond one machine uses an existing engine (Ray, or task slices run by Slurm/Kubernetes), never a
-home-made cluster.
+Every executor has one lifecycle: `start()` starts its workers (each loads the tokenizer), `submit()`
+hands it the bundles and returns at once (the workers begin while the caller checks its input),
+`results()` yields what `worker.tokenize_bundle` made of them (finished shards in the scratch folder)
+strictly in input order with a bounded number of bundles in flight, and `stop(now)` ends it:
+`now` (an error or Ctrl-C) kills the workers at once instead of waiting for the bundles they hold (whose
+shards no journal lists: a rerun makes them again). As a context manager an executor is started on entry
+and stopped on exit, at once if the block raised, so nothing is left running whichever way a run ends.
+
+What comes back per bundle is a few hundred bytes of manifest entries and counts, never tokens, so the
+commit side is the same for every executor and memory stays bounded. Scale-out beyond one machine uses an
+existing engine (Ray, or task slices run by Slurm/Kubernetes), never a home-made cluster.
 """
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import queue
@@ -22,161 +23,257 @@ import sys
 import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from dataflow.errors import ConfigError
 from dataflow.lifetime import die_with_parent
-from dataflow.preprocess.readers import expand
 from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.worker import BundleResult, UnitSpec, tokenize_bundle, worker_tokenizer
 
 
+class Executor:
+    """Runs bundles on `workers` workers that tokenize with (`tokenizer`, `engine`); see the module."""
+
+    def __init__(self, workers: int, tokenizer: str, engine: str) -> None:
+        self.workers, self.tokenizer, self.engine = workers, tokenizer, engine
+
+    def start(self) -> None:
+        """Start the workers now (their tokenizer loads while the caller does other work)."""
+
+    def submit(self, bundles: Iterable[list[Unit]], spec: UnitSpec, scratch: str) -> None:
+        """Begin tokenizing `bundles` (read lazily) into shards in `scratch`; returns at once."""
+        raise NotImplementedError
+
+    def results(self) -> Iterator[BundleResult]:
+        """The results of the submitted bundles, in input order."""
+        raise NotImplementedError
+
+    def stop(self, now: bool = False) -> None:
+        """End the workers; `now`: kill them instead of letting the bundles in flight finish."""
+
+    def __enter__(self) -> "Executor":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop(now=exc_type is not None)
+
+
+class InProcessExecutor(Executor):
+    """Bundles one after another in the calling thread: no process to start or stop, for tests and for code
+    that embeds a tokenize. The CLI does not use it, even for --workers 1: an engine call of several seconds
+    would delay a Ctrl-C, and the pool's one worker overlaps tokenizing with reading the next bundle."""
+
+    def submit(self, bundles: Iterable[list[Unit]], spec: UnitSpec, scratch: str) -> None:
+        os.makedirs(scratch, exist_ok=True)
+        self._work = (bundles, spec, scratch)
+
+    def results(self) -> Iterator[BundleResult]:
+        bundles, spec, scratch = self._work
+        for bundle in bundles:
+            yield tokenize_bundle(bundle, spec, scratch)
+
+
 def _warm(tokenizer: str, engine: str) -> None:
+    """A pool worker's start: it dies with its parent, leaves Ctrl-C to the coordinator, loads the tokenizer."""
     die_with_parent()
     # Ctrl-C reaches the whole process group: the coordinator alone handles it (and stops the workers at once)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker_tokenizer(tokenizer, engine)
+    try:
+        worker_tokenizer(tokenizer, engine)
+    except Exception:  # noqa: BLE001  (the coordinator's own load says what is wrong, in one line; a bundle
+        pass           # run here loads it again, and its future carries the error)
 
 
 def _started() -> None:
     """A no-op task: submitting one per worker makes the pool start them all now."""
 
 
-def start_local_pool(workers: int, tokenizer: str, engine: str) -> ProcessPoolExecutor:
-    """Worker processes, started at once, each with the tokenizer of `worker_tokenizer(tokenizer, engine)`:
-    inherited when forked from a process that adopted it, else loaded (and proven) in the worker."""
-    # fork where it is safe (Linux): workers start with the tokenizer this process loaded and proved
-    context = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_warm, initargs=(tokenizer, engine))
-    for _ in range(workers):
-        pool.submit(_started)
-    return pool
+class LocalPoolExecutor(Executor):
+    """A pool of worker processes on this machine (one for --workers 1). Each worker loads its tokenizer
+    when it starts (forked on Linux: a tokenizer this process adopted before `start()` is inherited)."""
+
+    def __init__(self, workers: int, tokenizer: str, engine: str) -> None:
+        super().__init__(workers, tokenizer, engine)
+        self._pool: ProcessPoolExecutor | None = None
+        self._futures: _Ahead | None = None  # the feeder of the submitted bundles
+
+    def start(self) -> None:
+        if self._pool is not None:
+            return
+        context = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+        self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_warm,
+                                         initargs=(self.tokenizer, self.engine))
+        for _ in range(self.workers):
+            self._pool.submit(_started)
+
+    def submit(self, bundles: Iterable[list[Unit]], spec: UnitSpec, scratch: str) -> None:
+        """A feeder thread reads the next bundles (decompressing a compressed file's pieces) and submits them
+        while the caller checks or commits; at most `2 * workers + 2` bundles are in flight."""
+        self.start()
+        os.makedirs(scratch, exist_ok=True)
+        pool = self._pool
+        submitted = (pool.submit(tokenize_bundle, bundle, spec, scratch) for bundle in bundles)
+        self._futures = _Ahead(submitted, 2 * self.workers + 1, "dataflow-feeder")
+
+    def results(self) -> Iterator[BundleResult]:
+        for future in self._futures:
+            yield future.result()
+
+    def stop(self, now: bool = False) -> None:
+        """`now`: kill the workers first (the feeder's next submit then fails and it ends), else let them
+        finish; then stop the feeder and shut the pool down."""
+        pool, self._pool = self._pool, None
+        futures, self._futures = self._futures, None
+        if pool is not None and now:
+            # the executor's own map of its worker processes: it offers no public way to stop them mid-task.
+            # No future is cancelled: the pool fails them all as broken (Python 3.11 crashes its manager
+            # thread on a cancelled one, and the exit then hangs)
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                process.kill()
+        if futures is not None:
+            futures.close(wait=0.5 if now else 5)  # a daemon thread: at an interrupt, never wait for a read
+        if pool is None:
+            return
+        manager = getattr(pool, "_executor_manager_thread", None)
+        pool.shutdown(wait=not now)
+        if now and manager is not None:
+            # let the manager thread see the dead workers and close its pipes now: left running, Python
+            # 3.11's exit handler wakes it through a pipe it may have closed meanwhile (a traceback after the
+            # one-line error)
+            manager.join(timeout=10)
 
 
-def stop_local_pool(pool: ProcessPoolExecutor, now: bool) -> None:
-    """Shut the pool down; `now` (an interrupt or an error): kill its workers first instead of waiting for the
-    bundles they are tokenizing (whose shards, in the scratch folder, no journal lists: a rerun redoes them)."""
-    if now:
-        # the executor's own map of its worker processes: it offers no public way to stop them mid-task. No
-        # future is cancelled: the pool fails them all as broken (Python 3.11 crashes its manager thread on a
-        # cancelled one, and the exit then hangs)
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            process.kill()
-    manager = getattr(pool, "_executor_manager_thread", None)
-    pool.shutdown(wait=not now)
-    if now and manager is not None:
-        # let the manager thread see the dead workers and close its pipes now: left running, Python 3.11's exit
-        # handler wakes it through a pipe it may have closed meanwhile (a traceback after the one-line error)
-        manager.join(timeout=10)
+class RayExecutor(Executor):
+    """Ray tasks (on the cluster of RAY_ADDRESS, or a local one) write their shards to the scratch folder
+    (one every node sees) and return only their results. `stop(now=True)` cancels the tasks in flight."""
+
+    def __init__(self, workers: int, tokenizer: str, engine: str) -> None:
+        super().__init__(workers, tokenizer, engine)
+        self._pending: deque = deque()  # the refs of the tasks in flight, in input order
+        self._todo: Iterator[list[Unit]] = iter(())
+        self._launch: Callable[[list[Unit]], Any] = lambda bundle: None
+
+    def start(self) -> None:
+        ray = _import_ray()
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+
+    def submit(self, bundles: Iterable[list[Unit]], spec: UnitSpec, scratch: str) -> None:
+        """Launch the first tasks: as many as the cluster has CPUs (or `workers`), plus two."""
+        ray = _import_ray()
+        self.start()
+        os.makedirs(scratch, exist_ok=True)
+        remote = ray.remote(num_cpus=1)(tokenize_bundle)
+        self._launch = lambda bundle: remote.remote(bundle, spec, scratch)
+        self._todo = iter(bundles)
+        window = max(self.workers, int(ray.available_resources().get("CPU", 1))) + 2
+        for bundle in self._todo:
+            self._pending.append(self._launch(bundle))
+            if len(self._pending) >= window:
+                break
+
+    def results(self) -> Iterator[BundleResult]:
+        """One result at a time; each taken launches the next task."""
+        ray = _import_ray()
+        while self._pending:
+            result = ray.get(self._pending[0])
+            self._pending.popleft()
+            nxt = next(self._todo, None)
+            if nxt is not None:
+                self._pending.append(self._launch(nxt))
+            yield result
+
+    def stop(self, now: bool = False) -> None:
+        pending, self._pending = self._pending, deque()
+        if pending:  # an interrupt or an error: the tasks still running are of no use
+            ray = _import_ray()
+            for ref in pending:
+                ray.cancel(ref, force=True)
 
 
-def run_bundles(bundles: list[list[Unit]], spec: UnitSpec, workers: int, executor: str, scratch: str,
-                pool: ProcessPoolExecutor | None = None, *, piece_bytes: int = 32 << 20,
-                first_piece: int = 0) -> Iterator[BundleResult]:
-    """Tokenize `bundles` into shards in `scratch` and yield their results in order (on `pool` when one is
-    given). Compressed JSONL files are cut into pieces of about `piece_bytes`; the first bundle resumes at
-    `first_piece`."""
-    os.makedirs(scratch, exist_ok=True)
-    work = expand(bundles, piece_bytes, first_piece)
-    if executor == "ray":
-        yield from _run_ray(work, spec, workers, scratch)
-    elif executor != "local":
-        raise ConfigError(f"unknown executor {executor!r}; choose local or ray")
-    elif pool is not None:
-        yield from _run_pool(work, spec, workers, scratch, pool)
-    else:
-        running = start_local_pool(workers, spec.tokenizer, spec.engine)
-        try:
-            yield from _run_pool(work, spec, workers, scratch, running)
-        except BaseException:
-            stop_local_pool(running, now=True)
-            raise
-        stop_local_pool(running, now=False)
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray: pip install 'dataflow-lm[ray]'") from None
+    return ray
 
 
-def _threaded(items: Iterable, depth: int, name: str, drop: Callable[[object], None] = lambda item: None) -> Iterator:
-    """`items`, produced on a thread at most `depth` ahead of the caller; an exception there (a damaged
-    compressed stream) is raised here. A caller that stops early stops the thread, and `drop` gets each item
-    produced but never taken."""
-    ahead: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+EXECUTORS: dict[str, type[Executor]] = {"local": LocalPoolExecutor, "ray": RayExecutor,
+                                        "inprocess": InProcessExecutor}
 
-    def put(item: object) -> bool:
-        while not stop.is_set():
+
+def check_executor(name: str) -> None:
+    """Refuse an executor name that is not one of `EXECUTORS`."""
+    if name not in EXECUTORS:
+        raise ConfigError(f"--executor {name!r}: unknown; choose local or ray (or inprocess from Python)")
+
+
+def make_executor(name: str, workers: int, tokenizer: str, engine: str) -> Executor:
+    """The executor called `name` (not started)."""
+    check_executor(name)
+    return EXECUTORS[name](workers, tokenizer, engine)
+
+
+class _Ahead:
+    """`items`, produced on a thread (started at once) at most `depth` ahead of the consumer; an exception
+    there (a damaged compressed stream) is raised to the consumer. `close()` stops the thread, and `drop`
+    gets each item produced but never taken."""
+
+    def __init__(self, items: Iterable, depth: int, name: str,
+                 drop: Callable[[object], None] = lambda item: None) -> None:
+        self._items, self._drop = items, drop
+        self._ahead: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
             try:
-                ahead.put(item, timeout=0.1)
+                self._ahead.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 pass
         return False
 
-    def produce() -> None:
+    def _produce(self) -> None:
         try:
-            for item in items:
-                if not put(item):
-                    drop(item)
+            for item in self._items:
+                if not self._put(item):
+                    self._drop(item)
                     return
-            put(_END)
+            self._put(_END)
         except BaseException as e:
-            put(e)
+            self._put(e)
 
-    thread = threading.Thread(target=produce, name=name, daemon=True)
-    thread.start()
-    try:
-        while (item := ahead.get()) is not _END:
+    def __iter__(self) -> Iterator:
+        while (item := self._ahead.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
             yield item
-    finally:
-        stop.set()
+
+    def close(self, wait: float = 5) -> None:
+        """Stop the thread (waiting at most `wait` seconds for it) and drop what it read ahead."""
+        self._stop.set()
         while True:
             try:
-                item = ahead.get_nowait()
+                item = self._ahead.get_nowait()
             except queue.Empty:
                 break
             if item is not _END and not isinstance(item, BaseException):
-                drop(item)
-        thread.join(timeout=5)
+                self._drop(item)
+        self._thread.join(timeout=wait)
+
+
+def _threaded(items: Iterable, depth: int, name: str, drop: Callable[[object], None] = lambda item: None) -> Iterator:
+    """`items` through an `_Ahead`, closed when the consumer stops (or finishes)."""
+    ahead = _Ahead(items, depth, name, drop)
+    try:
+        yield from ahead
+    finally:
+        ahead.close()
 
 
 _END = object()
-
-
-def _run_pool(bundles: Iterable[list[Unit]], spec: UnitSpec, workers: int, scratch: str,
-              pool: ProcessPoolExecutor) -> Iterator[BundleResult]:
-    """Results in order. A feeder thread reads the next bundles (decompressing a compressed file's pieces)
-    and submits them while this thread commits; at most `2 * workers + 2` bundles are in flight. A caller
-    that stops early stops the pool (`stop_local_pool`), which fails the bundles still queued."""
-    submitted = (pool.submit(tokenize_bundle, bundle, spec, scratch) for bundle in bundles)
-    with contextlib.closing(_threaded(submitted, 2 * workers + 1, "dataflow-feeder")) as futures:
-        for future in futures:
-            yield future.result()
-
-
-def _run_ray(bundles: Iterable[list[Unit]], spec: UnitSpec, workers: int, scratch: str) -> Iterator[BundleResult]:
-    """Ray tasks write their shards to `scratch` (a folder every node sees) and return only their results."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'dataflow-lm[ray]'") from None
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
-    remote = ray.remote(num_cpus=1)(tokenize_bundle)
-    window = max(workers, int(ray.available_resources().get("CPU", 1))) + 2
-    pending: deque = deque()
-    todo = iter(bundles)
-    for bundle in todo:
-        pending.append(remote.remote(bundle, spec, scratch))
-        if len(pending) >= window:
-            break
-    try:
-        while pending:
-            result = ray.get(pending[0])
-            pending.popleft()
-            nxt = next(todo, None)
-            if nxt is not None:
-                pending.append(remote.remote(nxt, spec, scratch))
-            yield result
-    finally:
-        for ref in pending:  # an interrupt or an error: the tasks still running are of no use
-            ray.cancel(ref, force=True)

@@ -2,11 +2,15 @@
 
 The input is cut into bundles of at most `--unit-size` of input (`plan.py`), a cut that depends on the
 input and the output settings only. Workers tokenize bundles in any order, each into finished shards of
-its own (`worker.py`: ids, the validation split, compression and hashing happen there); this process
-commits them strictly in input order (`commit.py`: renames, error log, counters), so the bytes depend
-only on the data and the settings, never on the number of workers, the executor or interruptions. After
-committed bundles the journal (`journal.py`) records the progress, so a rerun of the same command
-continues where a crash stopped it.
+its own (`worker.py`: ids, the validation split, compression and hashing happen there), on an executor
+that owns them (`executors.py`); this process commits them strictly in input order (`commit.py`: renames,
+error log, counters, journal), so the bytes depend only on the data and the settings, never on the number
+of workers, the executor or interruptions. After committed bundles the journal (`journal.py`) records the
+progress, so a rerun of the same command continues where a crash stopped it.
+
+The start (`startup.py`: the tokenizer's engine proof and the input-sample check) overlaps the workers'
+first bundles; nothing is committed before it has passed. The end (`finish.py`) writes the manifests.
+This module only wires those together.
 """
 
 from __future__ import annotations
@@ -18,29 +22,26 @@ import json
 import os
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-import fsspec
-
-import dataflow
 from dataflow.errors import ConfigError, DataflowError
-from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, TokenizerMeta, read_manifest, write_manifest
-from dataflow.formats.writer import DEFAULT_SHARD_SIZE, parse_size, shard_extension
-from dataflow.preprocess.readers import read_unit_blocks
-from dataflow.preprocess.commit import commit_bundle
-from dataflow.preprocess.executors import run_bundles, start_local_pool, stop_local_pool
-from dataflow.preprocess.journal import Progress, load_progress, save_progress, save_seconds
-from dataflow.preprocess import output
+from dataflow.formats.manifest import read_manifest
+from dataflow.formats.writer import (DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size,
+                                     shard_extension)
+from dataflow.preprocess import startup
+from dataflow.preprocess.commit import Committer
+from dataflow.preprocess.executors import Executor, check_executor, make_executor
+from dataflow.preprocess.finish import copy_tokenizer, finished_counts, write_manifests
+from dataflow.preprocess.journal import Progress, load_progress
 from dataflow.preprocess.layout import Layout
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
+from dataflow.preprocess.readers import expand
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit
 from dataflow.preprocess.progress import InputProgress
-from dataflow.preprocess.readers import expand_inputs, first_record_fields
-from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
+from dataflow.preprocess.readers import expand_inputs
+from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 
-ZSTD_LEVELS = range(-(1 << 17), 23)  # zstd's own range, ZSTD_minCLevel() to ZSTD_maxCLevel(); 0 means its default, 3
 MIN_UNIT_SIZE = 64 << 10  # --unit-size below this only multiplies units (a 1-byte unit per input byte)
 
 
@@ -82,6 +83,7 @@ class TokenizeConfig:
         if not self.out:
             raise ConfigError("-o/--out is empty; pass the folder or URL to write the dataset to")
         worker_count(self.workers)
+        check_executor(self.executor)
         if not 0 <= self.val_fraction < 1:
             raise ConfigError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
         if self.num_tasks < 1 or not 0 <= self.task_index < self.num_tasks:
@@ -91,13 +93,11 @@ class TokenizeConfig:
         if self.zstd_level is not None and self.compression != "zstd":
             raise ConfigError(f"--zstd-level {self.zstd_level} goes with --compression zstd, not --compression "
                               f"{self.compression}; drop one of the two")
-        if self.zstd_level is not None and self.zstd_level not in ZSTD_LEVELS:
-            raise ConfigError(f"--zstd-level {self.zstd_level}: zstd levels run from 1 (fast) to 22 (small), and "
-                              f"down to {ZSTD_LEVELS.start} (faster still, larger); pass one of those")
+        check_zstd_level(self.zstd_level, "--zstd-level")
         if self.unit_bytes is not None and self.unit_bytes < MIN_UNIT_SIZE:
             raise ConfigError(f"--unit-size: {self.unit_bytes:,} bytes is below the {MIN_UNIT_SIZE >> 10}KB minimum "
                               f"(smaller units only add overhead); pass a larger size, or leave it out")
-        parse_size(self.shard_size)
+        check_shard_size(self.shard_size, "--shard-size")
 
 
 def worker_count(workers: int | str) -> int:
@@ -129,53 +129,6 @@ class Summary:
         d["mb_per_s"] = round(self.text_bytes / 1e6 / max(self.seconds, 1e-9), 2)
         d["tokens_per_s"] = round(self.tokens / max(self.seconds, 1e-9))
         return d
-
-
-def _refuse_if_different(cfg: TokenizeConfig, previous: dict[str, Any] | None, where: str) -> None:
-    now = cfg.output_settings()
-    if previous != now:
-        changed = sorted(k for k in now if (previous or {}).get(k) != now[k])
-        raise ConfigError(f"{where} holds work made with other settings ({', '.join(changed) or 'unknown'}); "
-                          f"pass --overwrite to replace it")
-
-
-def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CHARS) -> list[str]:
-    """The first ~128K characters of real input: they join the tokenizer engine's equivalence proof (and,
-    being input this process checked, stand for the per-process check of processes forked from it)."""
-    if cfg.tokenizer == "bytes" or not units:
-        return []
-    texts, total = [], 0
-    for block in read_unit_blocks(units[0], cfg.text_field, cfg.id_field):
-        for text in block.texts.drop_null().to_pylist():
-            texts.append(text[:chars - total])  # a 50 MB first document is proven on its first part only
-            total += len(texts[-1])
-            if total >= chars:
-                return texts
-    return texts
-
-
-def _check_fields(units: list[Unit], text_field: str, id_field: str) -> None:
-    """Fail at once, not after --max-errors bad records, when the first record lacks the text field; or lacks an
-    --id-field that was chosen (not the default `id`), which would silently give derived ids instead."""
-    if not units:
-        return
-    fields = first_record_fields(units[0].file, units[0].kind)
-    what = "columns" if units[0].kind == "parquet" else "fields"
-    checks = [("--text-field", text_field, "the text")]
-    if id_field != "id":  # the default may be absent: ids are then derived from file and line
-        checks.append(("--id-field", id_field, "the ids"))
-    for flag, name, holds in checks:
-        if fields is not None and name not in fields:
-            raise ConfigError(f"{flag} {name}: the first record of {units[0].file} has no such field (its {what}: "
-                              f"{', '.join(fields) or 'none'}); pass {flag} with the one that holds {holds}")
-
-
-def _display_names(files: list[str]) -> dict[str, str]:
-    """Input names relative to their common folder: ids that survive moving the corpus."""
-    if len(files) == 1:
-        return {files[0]: os.path.basename(files[0])}
-    root = os.path.commonpath([f.split("://")[-1] for f in files])
-    return {f: os.path.relpath(f.split("://")[-1], root) for f in files}
 
 
 def tokenize(cfg: TokenizeConfig) -> Summary:
@@ -212,167 +165,120 @@ def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
     except OSError as e:
         raise ConfigError(f"{cfg.out}: cannot create the output folder ({e.strerror}); choose another -o or "
                           f"fix its permissions") from None
-    lock_path = layout.work + ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    locked = False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            locked = True
-        except BlockingIOError:
-            raise ConfigError(f"{cfg.out}: another `dataflow tokenize` is writing this folder"
-                              f"{f' (task {cfg.task_index})' if layout.tasked else ''}; wait for it to finish, "
-                              f"or write elsewhere with another -o") from None
-        yield
+        with _exclusive_lock(layout.work + ".lock") as mine:
+            if not mine:
+                raise ConfigError(f"{cfg.out}: another `dataflow tokenize` is writing this folder"
+                                  f"{f' (task {cfg.task_index})' if layout.tasked else ''}; wait for it to finish, "
+                                  f"or write elsewhere with another -o")
+            yield
     finally:
-        if locked:  # still held: a run starting now makes its own lock file
-            os.remove(lock_path)
-        os.close(fd)
         for folder in (work_root, *[d for d in made if d != work_root]):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only if empty: the work of an unfinished run stays for its resume
 
 
+@contextlib.contextmanager
+def _exclusive_lock(path: str) -> Iterator[bool]:
+    """An exclusive, non-blocking lock of `path` (made if missing) for the block; False: another process
+    holds it. The one place tokenize locks (a shared lock-file helper may replace it)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            os.remove(path)  # while still held: a run starting now makes its own lock file
+    finally:
+        os.close(fd)
+
+
 def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int) -> Summary:
-    unit_bytes = cfg.unit_bytes or DEFAULT_UNIT_BYTES
-    all_units = plan_units(files, unit_bytes, file_sizes(files), _display_names(files))
-    _check_fields(all_units, cfg.text_field, cfg.id_field)
-    tok = load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(all_units, cfg))
-    bundles = bundle_units(all_units, unit_bytes)
-    lo = cfg.task_index * len(bundles) // cfg.num_tasks
-    hi = (cfg.task_index + 1) * len(bundles) // cfg.num_tasks
-    mine = bundles[lo:hi]
-    units = [u for bundle in mine for u in bundle]
+    plan = startup.plan_task(cfg, files)
     journaled = load_progress(layout.work)
     # finished: a manifest and no work left behind (a run killed while closing its splits has written some)
     done = layout.finished_manifest() if journaled is None and not os.path.isdir(layout.work) else None
     if done:
-        _refuse_if_different(cfg, read_manifest(done).provenance.get("settings"), cfg.out)
-        return _summary_of_finished(cfg, layout, tok, started)
-    progress = _start_or_resume(cfg, layout, journaled)
-    resumed_from = progress.next_unit if journaled else 0
-    metas = _copy_tokenizer(layout, tok)
-    spec = UnitSpec(cfg.tokenizer, "hf" if tok.engine == "hf" else cfg.engine, cfg.text_field, cfg.id_field,
-                    tok.meta.eos_id if cfg.eos else None, tok.meta, tuple(layout.splits), cfg.format,
-                    cfg.compression, parse_size(cfg.shard_size), cfg.zstd_level, cfg.seed, cfg.val_fraction,
-                    {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None)
-    todo = [bundle for bundle in mine if bundle[0].index >= progress.next_unit]
-    bar = InputProgress(units, len(units) - sum(map(len, todo)), enabled=cfg.progress)
+        return _summary_of_finished(cfg, layout, started, done)
+    startup.refuse_other_work(cfg, layout, journaled)
+    startup.check_fields(plan.units, cfg.text_field, cfg.id_field)
+    start = (journaled.next_unit, journaled.next_piece) if journaled else (0, 0)
+    todo = [bundle for bundle in plan.bundles if bundle[0].index >= start[0]]
+    unit_bytes = cfg.unit_bytes or DEFAULT_UNIT_BYTES
+    work = lambda: expand(todo, unit_bytes, start[1])  # noqa: E731  (read again if the workers start again)
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)  # shards of bundles no journal listed: they are made again
-    split_dirs = None if layout.remote else {split: layout.writer_dir(split) for split in layout.splits}
-    extension = shard_extension(cfg.format, cfg.compression)
-    saved = time.monotonic()
-    with open(layout.errors, "a") as errlog, _local_pool(cfg, workers, spec, tok) as pool:
-        for result in run_bundles(todo, spec, workers, cfg.executor, scratch, pool, piece_bytes=unit_bytes,
-                                  first_piece=progress.next_piece):
-            commit_bundle(result, progress, scratch, split_dirs, extension, errlog, layout.errors, cfg.max_errors)
-            if time.monotonic() - saved >= save_seconds():
-                errlog.flush()
-                progress.errors_log_bytes = errlog.tell()
-                save_progress(layout.work, progress)
-                saved = time.monotonic()
-            for unit in result.units:
-                bar.advance(unit, all_units[unit.index].size, progress.documents, progress.tokens)
-    bar.close()
-    datasets = _write_manifests(cfg, layout, progress, metas, files, (lo, hi))
+    with make_executor(cfg.executor, workers, cfg.tokenizer, cfg.engine) as executor:
+        try:
+            tok, spec = _start_workers(cfg, layout, plan, executor, work, scratch)
+        except BaseException:  # a check failed (or Ctrl-C): nothing was committed, and nothing stays
+            executor.stop(now=True)
+            shutil.rmtree(scratch, ignore_errors=True)
+            if journaled is None:
+                shutil.rmtree(layout.work, ignore_errors=True)
+            raise
+        progress = startup.start_or_resume(cfg, layout, journaled)
+        metas = copy_tokenizer(layout, tok)
+        done_units = len(plan.task_units) - sum(map(len, todo))
+        progress = _commit_all(cfg, layout, plan, executor.results(), progress, scratch, done_units)
+    datasets = write_manifests(cfg, layout, progress, metas, files, plan.task_bundles)
     notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
              f"are done"] if layout.tasked else []
     return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
                    time.perf_counter() - started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
-                   resumed_from, len(units), notes)
+                   start[0] if journaled else 0, len(plan.task_units), notes)
 
 
-def _start_or_resume(cfg: TokenizeConfig, layout: Layout, progress: Progress | None) -> Progress:
-    """The journaled progress of an interrupted run (its shards as listed, its error log as long as it was),
-    or a fresh journal; refuses work made with other settings."""
-    if progress is not None:
-        _refuse_if_different(cfg, progress.settings, cfg.out)
-    elif not layout.tasked and layout.exists(output.join(layout.split_dir("train"), MANIFEST_NAME)):
-        previous = read_manifest(output.join(layout.split_dir("train"), MANIFEST_NAME))
-        _refuse_if_different(cfg, previous.provenance.get("settings"), cfg.out)
-    elif not layout.tasked and layout.exists(output.join(layout.split_dir("val"), MANIFEST_NAME)):
-        _refuse_if_different(cfg, None, cfg.out)
-    os.makedirs(layout.work, exist_ok=True)
-    for split in layout.splits if not layout.remote else ():  # an object store has no folders to make
-        os.makedirs(layout.writer_dir(split), exist_ok=True)
-    layout.remove_partial_writes()
-    if progress is None:
-        progress = Progress(settings=cfg.output_settings())
-        with open(layout.errors, "w"):
-            pass
-        save_progress(layout.work, progress)  # from here on, a rerun resumes
+def _start_workers(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, executor: Executor,
+                   work: Callable[[], Iterable[list[Unit]]], scratch: str) -> tuple[Tokenizer, UnitSpec]:
+    """Set the workers on the first bundles, then load, prove and check the tokenizer here meanwhile. The
+    workers were given the engine asked for; should the checks settle on `tokenizers` instead (a fast
+    engine refused by its proof or by the input sample), their shards are dropped and they start again.
+    Returns the checked tokenizer and the spec the bundles run with."""
+    early = startup.early_tokenizer(cfg)
+    spec = startup.unit_spec(cfg, layout, early, cfg.engine)
+    executor.submit(work(), spec, scratch)
+    if not startup.proves_an_engine(cfg):
+        tok = early
     else:
-        with open(layout.errors, "ab") as f:
-            f.truncate(progress.errors_log_bytes)
-    layout.remove_unlisted_shards({split: {s["path"] for s in shards} for split, shards in progress.shards.items()})
-    return progress
+        tok = startup.checked_tokenizer(cfg, plan.units)
+        engine = "hf" if tok.engine == "hf" else cfg.engine
+        if engine != spec.engine or tok.meta != early.meta:
+            executor.stop(now=True)
+            shutil.rmtree(scratch, ignore_errors=True)
+            spec = startup.unit_spec(cfg, layout, tok, engine)
+            executor.start()
+            executor.submit(work(), spec, scratch)
+    adopt_tokenizer(spec.tokenizer, spec.engine, tok)  # bundles run in this process (if any) use it as checked
+    return tok, spec
 
 
-def _copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
-    """The tokenizer's file beside each split's manifest, and the metadata that names it."""
-    if not layout.remote:
-        return {split: tok.copy_into(layout.writer_dir(split)) for split in layout.splits}
-    meta = tok.copy_into(layout.work)
-    for split in layout.splits:
-        if meta.file:
-            output.put_file(os.path.join(layout.work, meta.file), output.join(layout.writer_dir(split), meta.file))
-    return {split: meta for split in layout.splits}
+def _commit_all(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, results: Iterator,
+                progress: Progress, scratch: str, done_units: int) -> Progress:
+    """Commit every bundle's result in input order, with a progress bar over the input's bytes."""
+    units = plan.task_units
+    bar = InputProgress(units, done_units, enabled=cfg.progress)
+    split_dirs = None if layout.remote else {split: layout.writer_dir(split) for split in layout.splits}
+    committer = Committer(progress, layout.work, scratch, split_dirs, shard_extension(cfg.format, cfg.compression),
+                          layout.errors, cfg.max_errors)
+    with committer:
+        for result in results:
+            committer.commit(result)
+            for unit in result.units:
+                bar.advance(unit, plan.units[unit.index].size, committer.progress.documents,
+                            committer.progress.tokens)
+    bar.close()
+    return committer.progress
 
 
-def _write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, metas: dict[str, TokenizerMeta],
-                     files: list[str], task_bundles: tuple[int, int]) -> dict[str, dict]:
-    """Every split's manifest over the shards the journal lists; then the work folder goes."""
-    provenance = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if layout.tasked:
-        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "bundles": list(task_bundles)}
-    datasets = {}
-    for split in layout.splits:
-        shards = [ShardInfo(**s) for s in progress.shards.get(split, [])]
-        m = Manifest(tokenizer=metas[split], format=cfg.format, compression=cfg.compression,
-                     dtype=metas[split].dtype, shards=shards, provenance=provenance)
-        if layout.remote:
-            output.write_remote_manifest(layout.writer_dir(split), m)
-        else:
-            write_manifest(layout.writer_dir(split), m)
-        datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
-    if layout.remote:
-        output.put_file(layout.errors, layout.errors_url)
-        os.remove(layout.errors)
-    shutil.rmtree(layout.work)
-    if not layout.remote and not os.listdir(layout.work_root):
-        os.rmdir(layout.work_root)  # (a remote run's, with its lock, goes when the lock is released)
-    return datasets
-
-
-@contextlib.contextmanager
-def _local_pool(cfg: TokenizeConfig, workers: int, spec: UnitSpec, tok: Tokenizer) \
-        -> Iterator[ProcessPoolExecutor | None]:
-    """The worker processes of a local run (one for --workers 1; None for Ray), started once the tokenizer is
-    loaded and proven here: forked workers inherit it and load nothing, spawned ones load it themselves."""
-    if cfg.executor != "local":
-        yield None
-        return
-    adopt_tokenizer(spec.tokenizer, spec.engine, tok)
-    pool = start_local_pool(workers, spec.tokenizer, spec.engine)
-    try:
-        yield pool
-    except BaseException:  # Ctrl-C or an error: stop at once, not after the bundles in flight
-        stop_local_pool(pool, now=True)
-        raise
-    stop_local_pool(pool, now=False)
-
-
-def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, tok, started: float) -> Summary:
-    datasets, docs, tokens = {}, 0, 0
-    for split in layout.splits:
-        m = read_manifest(output.join(layout.writer_dir(split), MANIFEST_NAME))
-        datasets[split] = {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}
-        docs, tokens = docs + m.documents, tokens + m.tokens
-    log, errors = layout.errors_url if layout.remote else layout.errors, 0
-    if layout.exists(log):
-        with fsspec.open(log, "rb") as f:
-            errors = sum(1 for _ in f)
+def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, started: float, manifest: str) -> Summary:
+    """A rerun of a finished run: its counts, once its settings are checked to be the same."""
+    startup.refuse_if_different(cfg, read_manifest(manifest).provenance.get("settings"), cfg.out)
+    tok = load_tokenizer(cfg.tokenizer, cfg.engine)
+    datasets, docs, tokens, errors = finished_counts(layout)
     return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - started, tok.meta.name,
                    tok.engine, getattr(tok, "engine_reason", ""), notes=["already complete: nothing to do"])

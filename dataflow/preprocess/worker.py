@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from dataflow.formats.manifest import ShardInfo, TokenizerMeta
 from dataflow.formats.writer import DocIds, ShardWriter
-from dataflow.preprocess.readers import Block, read_unit_blocks
+from dataflow.preprocess.readers import Block, arrays, read_unit_blocks
 from dataflow.preprocess.flat import append_eos, string_buffers
 from dataflow.preprocess.output import upload_shards
 from dataflow.preprocess.plan import Unit
@@ -135,12 +135,12 @@ def _write_block(block: Block, k: int, first: int, unit: Unit, tok: Tokenizer, s
     positions = np.arange(first, first + n, dtype=np.int64) if block.positions is None else block.positions
     good = np.ones(n, dtype=bool)
     if block.errors.null_count < n:
-        for i in np.flatnonzero(block.errors.is_valid().to_numpy(zero_copy_only=False)).tolist():
+        for i in np.flatnonzero(arrays.valid_mask(block.errors)).tolist():
             good[i] = False
             result.errors.append((k, int(positions[i]), block.ids[i].as_py(), block.errors[i].as_py()))
     if not good.any():
         return
-    keep = None if good.all() else pa.array(good)
+    keep = None if good.all() else arrays.bools(good)
     texts = block.texts if keep is None else block.texts.filter(keep)
     ids = _with_default_ids(block, positions, unit)
     ids = ids if keep is None else ids.filter(keep)
@@ -162,7 +162,7 @@ def _write(writer: ShardWriter, values: np.ndarray, offsets: np.ndarray, ids: pa
         lengths = np.diff(offsets)[mask]
         values = values[np.repeat(mask, np.diff(offsets))]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        ids = ids.filter(pa.array(mask))
+        ids = ids.filter(arrays.bools(mask))
     writer.write_batch(values, offsets, DocIds.from_arrow(ids))
     result.documents += len(ids)
     result.tokens += int(values.size)
@@ -176,11 +176,12 @@ def _with_default_ids(block: Block, positions: np.ndarray, unit: Unit) -> pa.Arr
     if not ids.null_count:
         return ids
     if unit.kind == "text":
-        default = pa.array([unit.name] * len(ids), pa.string())
+        default = arrays.repeated(unit.name, len(ids))
     elif unit.kind == "jsonl":
-        default = pc.binary_join_element_wise(pa.scalar(f"{unit.name}@"), pc.cast(pa.array(block.starts),
-                                                                                 pa.string()), "")
+        default = pc.binary_join_element_wise(arrays.text_scalar(f"{unit.name}@"),
+                                              pc.cast(arrays.numbers(block.starts), pa.string()), arrays.text_scalar(""))
     else:
-        rows = pa.array(unit.first_row + positions)
-        default = pc.binary_join_element_wise(pa.scalar(f"{unit.name}:"), pc.cast(rows, pa.string()), "")
+        rows = arrays.numbers(unit.first_row + positions)
+        default = pc.binary_join_element_wise(arrays.text_scalar(f"{unit.name}:"), pc.cast(rows, pa.string()),
+                                              arrays.text_scalar(""))
     return pc.if_else(ids.is_null(), default, ids)

@@ -1,0 +1,80 @@
+"""The end of a `dataflow tokenize` run: the tokenizer beside each split, the manifests, the work folder gone.
+
+The manifests are the commit point of a run: written over the shards the journal lists, each atomically;
+once every split has one, the work folder (journal, scratch) is removed. A kill in between leaves the
+journal, and the rerun writes the manifests again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+
+import dataflow
+from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, TokenizerMeta, read_manifest, write_manifest
+from dataflow.preprocess import output
+from dataflow.preprocess.journal import Progress
+from dataflow.preprocess.layout import Layout
+from dataflow.preprocess.tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from dataflow.preprocess.run import TokenizeConfig
+
+
+def copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
+    """The tokenizer's file beside each split's manifest, and the metadata that names it."""
+    if not layout.remote:
+        return {split: tok.copy_into(layout.writer_dir(split)) for split in layout.splits}
+    meta = tok.copy_into(layout.work)
+    for split in layout.splits:
+        if meta.file:
+            output.put_file(os.path.join(layout.work, meta.file), output.join(layout.writer_dir(split), meta.file))
+    return {split: meta for split in layout.splits}
+
+
+def write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, metas: dict[str, TokenizerMeta],
+                    files: list[str], task_bundles: tuple[int, int]) -> dict[str, dict[str, int]]:
+    """Every split's manifest over the shards the journal lists; then the work folder goes."""
+    provenance: dict[str, Any] = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
+                                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if layout.tasked:
+        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "bundles": list(task_bundles)}
+    datasets = {}
+    for split in layout.splits:
+        shards = [ShardInfo(**s) for s in progress.shards.get(split, [])]
+        m = Manifest(tokenizer=metas[split], format=cfg.format, compression=cfg.compression,
+                     dtype=metas[split].dtype, shards=shards, provenance=provenance)
+        if layout.remote:
+            output.write_remote_manifest(layout.writer_dir(split), m)
+        else:
+            write_manifest(layout.writer_dir(split), m)
+        datasets[split] = _counts(m)
+    if layout.remote:
+        output.put_file(layout.errors, layout.errors_url)
+        os.remove(layout.errors)
+    shutil.rmtree(layout.work)
+    if not layout.remote and not os.listdir(layout.work_root):
+        os.rmdir(layout.work_root)  # (a remote run's, with its lock, goes when the lock is released)
+    return datasets
+
+
+def finished_counts(layout: Layout) -> tuple[dict[str, dict[str, int]], int, int, int]:
+    """Of a run finished before: each split's counts, and its documents, tokens and bad records in all."""
+    datasets, docs, tokens = {}, 0, 0
+    for split in layout.splits:
+        m = read_manifest(output.join(layout.writer_dir(split), MANIFEST_NAME))
+        datasets[split] = _counts(m)
+        docs, tokens = docs + m.documents, tokens + m.tokens
+    log, errors = layout.errors_url if layout.remote else layout.errors, 0
+    if layout.exists(log):
+        with fsspec.open(log, "rb") as f:
+            errors = sum(1 for _ in f)
+    return datasets, docs, tokens, errors
+
+
+def _counts(m: Manifest) -> dict[str, int]:
+    return {"documents": m.documents, "tokens": m.tokens, "shards": len(m.shards), "bytes": m.bytes}

@@ -1,0 +1,155 @@
+"""The start of a `dataflow tokenize` run: what to tokenize, the checks before any commit, the journal.
+
+Every check that can refuse a run happens here, before anything is committed: work of other settings, a
+first record without the text field, a tokenizer that does not load, an engine whose ids differ from the
+tokenizer's own on a sample of the input. The slow ones (the engine proof and the sample check) run while
+the workers already tokenize the first bundles (`run.py`): their shards stay in the scratch folder, which
+no journal lists, until these checks have passed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dataflow.errors import ConfigError
+from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
+from dataflow.formats.writer import parse_size
+from dataflow.preprocess import output
+from dataflow.preprocess.readers import read_unit_blocks
+from dataflow.preprocess.journal import Progress, save_progress
+from dataflow.preprocess.layout import Layout
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
+from dataflow.preprocess.readers import first_record_fields
+from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
+from dataflow.preprocess.worker import UnitSpec
+
+if TYPE_CHECKING:
+    from dataflow.preprocess.run import TokenizeConfig
+
+
+@dataclass
+class TaskPlan:
+    """The units of the whole input, and the bundles of them that this task tokenizes."""
+
+    units: list[Unit]  # every unit of every input, in order
+    bundles: list[list[Unit]]  # this task's
+    task_bundles: tuple[int, int]  # which bundles of the whole input those are: [lo, hi)
+
+    @property
+    def task_units(self) -> list[Unit]:
+        return [u for bundle in self.bundles for u in bundle]
+
+
+def plan_task(cfg: TokenizeConfig, files: list[str]) -> TaskPlan:
+    """Cut the input into units and bundles (by the input and the output settings only), and take this task's."""
+    unit_bytes = cfg.unit_bytes or DEFAULT_UNIT_BYTES
+    units = plan_units(files, unit_bytes, file_sizes(files), _display_names(files))
+    bundles = bundle_units(units, unit_bytes)
+    lo = cfg.task_index * len(bundles) // cfg.num_tasks
+    hi = (cfg.task_index + 1) * len(bundles) // cfg.num_tasks
+    return TaskPlan(units, bundles[lo:hi], (lo, hi))
+
+
+def _display_names(files: list[str]) -> dict[str, str]:
+    """Input names relative to their common folder: ids that survive moving the corpus."""
+    if len(files) == 1:
+        return {files[0]: os.path.basename(files[0])}
+    root = os.path.commonpath([f.split("://")[-1] for f in files])
+    return {f: os.path.relpath(f.split("://")[-1], root) for f in files}
+
+
+def refuse_if_different(cfg: TokenizeConfig, previous: dict[str, Any] | None, where: str) -> None:
+    """A `ConfigError` when work at `where` was made with other output settings than `cfg`'s."""
+    now = cfg.output_settings()
+    if previous != now:
+        changed = sorted(k for k in now if (previous or {}).get(k) != now[k])
+        raise ConfigError(f"{where} holds work made with other settings ({', '.join(changed) or 'unknown'}); "
+                          f"pass --overwrite to replace it")
+
+
+def refuse_other_work(cfg: TokenizeConfig, layout: Layout, journaled: Progress | None) -> None:
+    """Refuse to continue an interrupted run, or to write beside a finished one, of other settings."""
+    if journaled is not None:
+        refuse_if_different(cfg, journaled.settings, cfg.out)
+    elif not layout.tasked and layout.exists(output.join(layout.split_dir("train"), MANIFEST_NAME)):
+        previous = read_manifest(output.join(layout.split_dir("train"), MANIFEST_NAME))
+        refuse_if_different(cfg, previous.provenance.get("settings"), cfg.out)
+    elif not layout.tasked and layout.exists(output.join(layout.split_dir("val"), MANIFEST_NAME)):
+        refuse_if_different(cfg, None, cfg.out)
+
+
+def check_fields(units: list[Unit], text_field: str, id_field: str) -> None:
+    """Fail at once, not after --max-errors bad records, when the first record lacks the text field; or lacks an
+    --id-field that was chosen (not the default `id`), which would silently give derived ids instead."""
+    if not units:
+        return
+    fields = first_record_fields(units[0].file, units[0].kind)
+    what = "columns" if units[0].kind in ("parquet", "arrow") else "fields"
+    checks = [("--text-field", text_field, "the text")]
+    if id_field != "id":  # the default may be absent: ids are then derived from file and line
+        checks.append(("--id-field", id_field, "the ids"))
+    for flag, name, holds in checks:
+        if fields is not None and name not in fields:
+            raise ConfigError(f"{flag} {name}: the first record of {units[0].file} has no such field (its {what}: "
+                              f"{', '.join(fields) or 'none'}); pass {flag} with the one that holds {holds}")
+
+
+def proves_an_engine(cfg: TokenizeConfig) -> bool:
+    """Whether loading the tokenizer proves a fast engine against it (a tokenizer.json, unless --engine hf):
+    the slow part of the start, and the one whose outcome can change the engine the workers use."""
+    return cfg.tokenizer != "bytes" and not cfg.tokenizer.startswith("tiktoken:") and cfg.engine != "hf"
+
+
+def early_tokenizer(cfg: TokenizeConfig) -> Tokenizer:
+    """What the workers need before the checks end: the tokenizer's metadata (the same for every engine),
+    from loading it without any proof; where there is no proof to make, the tokenizer itself."""
+    return load_tokenizer(cfg.tokenizer, "hf" if proves_an_engine(cfg) else cfg.engine)
+
+
+def checked_tokenizer(cfg: TokenizeConfig, units: list[Unit]) -> Tokenizer:
+    """The tokenizer, its engine proven and checked on the first ~128K characters of the input."""
+    return load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(units, cfg))
+
+
+def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CHARS) -> list[str]:
+    """The first ~128K characters of real input: they join the tokenizer engine's equivalence proof."""
+    if cfg.tokenizer == "bytes" or not units:
+        return []
+    texts, total = [], 0
+    for block in read_unit_blocks(units[0], cfg.text_field, cfg.id_field):
+        for text in block.texts.drop_null().to_pylist():
+            texts.append(text[:chars - total])  # a 50 MB first document is proven on its first part only
+            total += len(texts[-1])
+            if total >= chars:
+                return texts
+    return texts
+
+
+def unit_spec(cfg: TokenizeConfig, layout: Layout, tok: Tokenizer, engine: str) -> UnitSpec:
+    """What every bundle's worker needs to know (the tokenizer named, not shipped)."""
+    return UnitSpec(cfg.tokenizer, engine, cfg.text_field, cfg.id_field, tok.meta.eos_id if cfg.eos else None,
+                    tok.meta, tuple(layout.splits), cfg.format, cfg.compression, parse_size(cfg.shard_size),
+                    cfg.zstd_level, cfg.seed, cfg.val_fraction,
+                    {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None)
+
+
+def start_or_resume(cfg: TokenizeConfig, layout: Layout, journaled: Progress | None) -> Progress:
+    """The journaled progress of an interrupted run (its shards as listed, its error log as long as it was),
+    or a fresh journal; what an interrupted run left unlisted goes. Call it once the checks have passed."""
+    os.makedirs(layout.work, exist_ok=True)
+    for split in layout.splits if not layout.remote else ():  # an object store has no folders to make
+        os.makedirs(layout.writer_dir(split), exist_ok=True)
+    layout.remove_partial_writes()
+    progress = journaled
+    if progress is None:
+        progress = Progress(settings=cfg.output_settings())
+        with open(layout.errors, "w"):
+            pass
+        save_progress(layout.work, progress)  # from here on, a rerun resumes
+    else:
+        with open(layout.errors, "ab") as f:
+            f.truncate(progress.errors_log_bytes)
+    layout.remove_unlisted_shards({split: {s["path"] for s in shards} for split, shards in progress.shards.items()})
+    return progress
