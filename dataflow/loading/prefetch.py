@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from dataflow.errors import ConfigError, DataflowError
-from dataflow.loading.contract import LendingLoader
+from dataflow.loading.contract import LendingLoader, StageFigures, StageSnapshot
 
 _DONE = object()
 JOIN_S = 60.0  # how long close() waits for an upstream `next()` in progress
@@ -166,6 +166,16 @@ class DevicePrefetcher:
         self._it = None
         load(state)
         self._state = self._state_of() if self._state_of else None
+
+    def stage_figures(self) -> StageSnapshot:
+        """The `StageFigures` contract: this prefetcher's wait and copy figures over its upstream's own
+        (when the upstream keeps any): what a `StarvationMonitor` wrapping it reports."""
+        s = self.stats
+        transfer = {"batches": float(s.batches), "wait_s": s.wait_s, "upstream_s": s.upstream_s}
+        if self._cuda:
+            transfer["h2d_s"] = s.copy_s  # CUDA-event copy time
+        own = StageSnapshot(transfer=transfer, sources={"prefetcher": type(self).__name__}, device=str(self.device))
+        return own.over(self.upstream.stage_figures()) if isinstance(self.upstream, StageFigures) else own
 
     # --- producer thread ------------------------------------------------------------------------
     def _produce(self, it: Iterator[Any], p: "_Producer") -> None:
