@@ -82,5 +82,81 @@ def test_preprocess_never_imports_the_loader_or_the_profiler():
     assert not bad, "\n".join(bad)
 
 
+# Inside preprocess/: roles from the top. A module's role is its file name (wherever it sits under
+# preprocess/, so moving readers into preprocess/readers/ keeps the guard); every module under
+# preprocess/readers/ is a reader. A module never imports one of a role above its own.
+PREPROCESS_ROLES = [
+    ("run",),  # `dataflow tokenize`: plans, drives, commits, resumes
+    ("executors",),  # local pool / Ray: runs bundles of units on workers
+    ("commit", "journal", "progress"),  # the coordinator's records of finished work
+    ("worker",),  # one bundle: read, tokenize, write finished shards
+    ("blocks", "sources", "pieces", "compressed", "flat", "readers"),  # reading inputs (readers/ and its peers)
+]
+READER_ROLE = "readers"
+
+
+def _preprocess_role(module: str) -> str | None:
+    """The role of `dataflow.preprocess.X[.Y]` (None for a module outside the role list: unconstrained)."""
+    parts = module.split(".")[2:]
+    if not parts:
+        return None
+    if parts[0] == READER_ROLE:
+        return READER_ROLE
+    roles = {m for layer in PREPROCESS_ROLES for m in layer}
+    return parts[-1] if parts[-1] in roles else None
+
+
+def _preprocess_imports(path: pathlib.Path, package_root: pathlib.Path) -> set[str]:
+    """Modules of dataflow.preprocess that `path` imports (absolute or relative, `from P import m` too)."""
+    here = ["dataflow", "preprocess", *path.relative_to(package_root).with_suffix("").parts[:-1]]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = here[:len(here) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
+    return {m for m in found if m.startswith("dataflow.preprocess.")}
+
+
+def preprocess_violations(package_root: pathlib.Path) -> list[str]:
+    """`A imports B` for each module of the preprocess package at `package_root` that imports a higher role."""
+    rank = {m: i for i, layer in enumerate(PREPROCESS_ROLES) for m in layer}
+    bad = []
+    for path in sorted(package_root.rglob("*.py")):
+        me = _preprocess_role("dataflow.preprocess." + ".".join(path.relative_to(package_root).with_suffix("").parts))
+        if me is None:
+            continue
+        for name in sorted(_preprocess_imports(path, package_root)):
+            other = _preprocess_role(name)
+            if other is not None and rank[other] < rank[me]:
+                bad.append(f"preprocess/{path.relative_to(package_root)} ({me}) imports {name} ({other})")
+    return bad
+
+
+def test_preprocess_roles_import_only_downward():
+    bad = preprocess_violations(ROOT / "dataflow" / "preprocess")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_preprocess_guard_catches_an_upward_import_wherever_the_readers_live(tmp_path):
+    pkg = tmp_path / "preprocess"
+    (pkg / "readers").mkdir(parents=True)
+    (pkg / "run.py").write_text("from dataflow.preprocess import executors, worker\n")
+    (pkg / "worker.py").write_text("from dataflow.preprocess.readers.blocks import read_unit_blocks\n")
+    (pkg / "readers" / "blocks.py").write_text("from ..worker import BundleResult\n")  # upward: relative
+    (pkg / "readers" / "text.py").write_text("import dataflow.preprocess.journal\n")  # upward: any reader
+    (pkg / "flat.py").write_text("from dataflow.preprocess import run\n")  # upward: a reader's peer
+    (pkg / "executors.py").write_text("from dataflow.preprocess.run import main\n")  # upward
+    assert preprocess_violations(pkg) == [
+        "preprocess/executors.py (executors) imports dataflow.preprocess.run (run)",
+        "preprocess/flat.py (flat) imports dataflow.preprocess.run (run)",
+        "preprocess/readers/blocks.py (readers) imports dataflow.preprocess.worker (worker)",
+        "preprocess/readers/text.py (readers) imports dataflow.preprocess.journal (journal)",
+    ]
+
+
 def test_the_prefetcher_knows_the_loader_only_through_the_contract():
     assert "loader" not in _loading_imports(ROOT / "dataflow" / "loading" / "prefetch.py")

@@ -90,7 +90,7 @@ def test_registered_in_the_dataflow_command():
 def test_config_profiles_the_loader_the_trainer_builds(ds, tmp_path):
     """--config goes through the trainer's own build_data: its shuffle window and document masking count."""
     from dataflow.profiling.consumers import load_target
-    from dataflow.profiling.profile import RunSettings
+    from dataflow.profiling.session import RunSettings
 
     cfg = tmp_path / "masked.toml"
     cfg.write_text('[data]\nseq_len = 32\nbatch_size = 2\nnum_workers = 0\nshuffle_window = 3\ndoc_mask = true\n'

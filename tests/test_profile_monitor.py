@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dataflow import StarvationMonitor
+from dataflow.loading.contract import StageSnapshot
 from dataflow.profiling.overhead import measure_overhead
 
 SLOW = {2: 0.06, 5: 0.04, 9: 0.08}  # batch index -> injected load delay (s)
@@ -134,14 +135,13 @@ def test_reset_window_reports_each_interval():
 
 
 class FakeLoader:
-    """Duck-typed StreamingDataLoader: stage_seconds that restart (a new worker pool) mid-run."""
+    """A loader double keeping the StageFigures contract: stage seconds that restart (a new worker pool) mid-run."""
 
     def __init__(self, n):
         self.n, self.totals = n, {}
 
-    @property
-    def stage_seconds(self):
-        return dict(self.totals)
+    def stage_figures(self):
+        return StageSnapshot(dict(self.totals), sources={"loader": type(self).__name__})
 
     def __iter__(self):
         for i in range(self.n):
@@ -153,11 +153,16 @@ class FakeLoader:
 
 
 class FakePrefetcher:
-    """Duck-typed DevicePrefetcher: iterates its upstream, exposes `upstream`, `stats` and `device`."""
+    """A prefetcher double: iterates its upstream, lays its own figures over the upstream's (StageFigures)."""
 
     def __init__(self, upstream):
-        self.upstream, self.device = upstream, torch.device("cpu")
+        self.upstream = upstream
         self.stats = SimpleNamespace(batches=0, wait_s=0.0)
+
+    def stage_figures(self):
+        own = StageSnapshot(transfer={"batches": float(self.stats.batches), "wait_s": 0.0},
+                            sources={"prefetcher": type(self).__name__}, device="cpu")
+        return own.over(self.upstream.stage_figures())
 
     def __iter__(self):
         for b in self.upstream:

@@ -10,7 +10,7 @@ from conftest import write_random_dataset
 from dataflow import StarvationMonitor, StreamingDataLoader, StreamingDataset
 from dataflow.loading.shards import OpenShard
 from dataflow.profiling.consumers import sleeper
-from dataflow.profiling.profile import RunSettings, run_config
+from dataflow.profiling.session import RunSettings, run_config
 from dataflow.profiling.sweep import parse_sweep, recommend, sweep
 from dataflow.errors import ConfigError
 

@@ -18,6 +18,7 @@ from dataflow.errors import DataflowError, FormatError, NotADatasetError, cause
 from dataflow.formats import remote
 from dataflow.formats.atomic import write_json_atomic
 from dataflow.formats.remote_errors import explain, read_failed, server_error
+from dataflow.locks import held_elsewhere
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
@@ -304,19 +305,7 @@ def _tokenize_in_progress(folder: str) -> str | None:
 
 def _held(lock: str) -> bool:
     """True when another process holds this lock file's flock."""
-    import fcntl
-
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+    return held_elsewhere(lock)
 
 
 def write_manifest(out_dir: str, manifest: Manifest) -> str:

@@ -26,15 +26,16 @@ from __future__ import annotations
 import errno
 import fcntl
 import glob
-import hashlib
 import os
 import re
 import shutil
 import threading
 import time
 
-from dataflow import env
-from dataflow.errors import CacheFullError, CacheUnwritable, DataflowError, cause
+from dataflow import env, locks
+from dataflow.errors import CacheFullError, CacheUnwritable, DataflowError
+from dataflow.formats.hashing import sha256_local
+from dataflow.locks import release, unlock  # noqa: F401  (the cache's lock protocol, with `lock` below)
 from dataflow.units import parse_size
 
 _TAG = re.compile(r"[0-9a-f]{16}")
@@ -42,8 +43,6 @@ _ENTRY = re.compile(r"[0-9a-f]{16}-.+")
 _PART = ".part-"
 _LOCK_SUFFIXES = (".inuse", ".dl", ".ok")  # lock files, and the stamp of a verified entry
 
-_fds: set[int] = set()  # every lock fd this process holds open
-_fds_mu = threading.Lock()
 DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or an exhausted quota: waiting or retrying frees nothing
 
@@ -73,79 +72,9 @@ def check_writable(folder: str) -> OSError | None:
 
 
 def lock(path: str, op: int) -> int | None:
-    """An fd of lock file `path` (created if needed) holding flock `op`; None when LOCK_NB finds it taken.
-    A folder where it cannot be made is `CacheUnwritable` (or `CacheFullError`), not a raw OSError."""
-    while True:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = _open(path, os.O_CREAT)
-        except OSError as e:
-            raise unusable(os.path.dirname(path), e) from cause(e)
-        try:
-            fcntl.flock(fd, op)
-        except BlockingIOError:
-            unlock(fd)
-            return None
-        except BaseException:
-            unlock(fd)
-            raise
-        if _names(path, fd):
-            return fd
-        unlock(fd)  # locked a file that `release` deleted meanwhile: lock the one there now
-
-
-def unlock(fd: int) -> None:
-    """Close a lock fd from `lock` (which releases its flock)."""
-    with _fds_mu:
-        _fds.discard(fd)
-        os.close(fd)
-
-
-def release(fd: int, path: str) -> None:
-    """Unlock `fd` (a lock on `path`), then delete the lock file if nobody else holds or takes it now."""
-    unlock(fd)
-    try:
-        fd = _open(path, 0)
-    except OSError:  # already gone (another releaser tidied it)
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if _names(path, fd):
-            os.remove(path)  # under its exclusive lock: a waiter on it finds it gone and locks a new one
-    except OSError:  # held by someone (BlockingIOError), or removed meanwhile
-        pass
-    finally:
-        unlock(fd)
-
-
-def _open(path: str, create: int) -> int:
-    with _fds_mu:  # so that a fork never sees an fd opened but not yet tracked
-        fd = os.open(path, os.O_RDWR | create | os.O_CLOEXEC, 0o666)
-        _fds.add(fd)
-    return fd
-
-
-def _names(path: str, fd: int) -> bool:
-    """Whether `path` still names the file open as `fd` (a lock file may be deleted by `release`)."""
-    try:
-        st, held = os.stat(path), os.fstat(fd)
-    except FileNotFoundError:
-        return False
-    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
-
-
-def _close_inherited() -> None:
-    """In a forked child: close the parent's lock fds without unlocking (that would unlock the parent's)."""
-    for fd in _fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _fds.clear()
-    _fds_mu.release()
-
-
-os.register_at_fork(before=_fds_mu.acquire, after_in_parent=_fds_mu.release, after_in_child=_close_inherited)
+    """`locks.lock` for a cache lock file: a folder where it cannot be made is `CacheUnwritable` (or
+    `CacheFullError`), not a raw OSError."""
+    return locks.lock(path, op, unusable=lambda e: unusable(os.path.dirname(path), e))
 
 
 def part_path(entry: str, size: int) -> str:
@@ -303,10 +232,4 @@ def verified(entry: str, size: int) -> bool:
 
 def sha256_and_sync(path: str) -> tuple[int, str]:
     """sha256 and size of a file, flushed to disk (a download about to be renamed into place)."""
-    h, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            size += len(chunk)
-        os.fsync(f.fileno())
-    return size, h.hexdigest()
+    return sha256_local(path, sync=True)

@@ -7,8 +7,10 @@ buffer, returning a `FillReport`), `documents` (whole-document batches) and `clo
 the rank, and the `Cursor` (cursor.py) that owns the position. `StreamingDataset` implements both;
 so can a test double or another backend, and the loader drives it unchanged.
 `LendingLoader` is what `DevicePrefetcher` may ask of its upstream (it never imports the loader):
-whether batches are page-locked, and room for the batches it holds at once. `StageFigures` is what
-the profiler reads of a loader it finds along `upstream` links.
+whether batches are page-locked, and room for the batches it holds at once. `StageFigures` is all
+the profiler reads of a pipeline it is handed: one `StageSnapshot` of running figures (a wrapper
+such as `DevicePrefetcher` lays its own over its upstream's). Per-batch timings leave through the
+loader's `stage_hook` (stages.py).
 
 Which process runs what: `fill`/`documents` run in the process that builds the batch (the main
 process without workers, else a worker holding its own copy of the source); the cursor lives in
@@ -97,11 +99,34 @@ class LendingLoader(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StageSnapshot:
+    """A pipeline's running figures since it was made (they may restart with a new worker pool).
+
+    `stages`: loader seconds per stage (`stages.STAGES`), summed over workers; `by_worker`: the same per
+    worker ("worker-N"); `transfer`: the device prefetcher's `batches`, `wait_s`, `upstream_s`, and
+    `h2d_s` when its copies are timed (CUDA events); `sources`: role ("loader", "prefetcher") -> class
+    name; `device`: where the batches arrive, when a prefetcher says so.
+    """
+
+    stages: dict[str, float] = field(default_factory=dict)
+    by_worker: dict[str, dict[str, float]] = field(default_factory=dict)
+    transfer: dict[str, float] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    device: str | None = None
+
+    def over(self, below: "StageSnapshot") -> "StageSnapshot":
+        """This snapshot with what it lacks taken from `below` (a wrapper's figures over its upstream's)."""
+        return StageSnapshot(self.stages or below.stages, self.by_worker or below.by_worker,
+                             self.transfer or below.transfer, {**below.sources, **self.sources},
+                             self.device if self.device is not None else below.device)
+
+
 @runtime_checkable
 class StageFigures(Protocol):
-    """A loader that keeps its stage seconds (what the profiler's `StageProbe` polls)."""
+    """A pipeline part that keeps running stage figures (`StreamingDataLoader`, `DevicePrefetcher`):
+    all the profiler's `StarvationMonitor` reads of what it wraps."""
 
-    @property
-    def stage_seconds(self) -> dict[str, float]:
-        """Seconds per stage (`stages.STAGES`) since the loader was made, summed over workers."""
+    def stage_figures(self) -> StageSnapshot:
+        """The figures now (cheap: a few dict entries; polled after every batch)."""
         ...

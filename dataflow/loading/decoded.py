@@ -12,7 +12,6 @@ decoder (or the evictor) removes. An Arrow copy also records the sha256 of the s
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
 import time
@@ -20,6 +19,7 @@ from typing import Any, Callable
 
 from dataflow.errors import FormatError, cause
 from dataflow.formats.arrow import decode_arrow_shard
+from dataflow.formats.hashing import sha256_local
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import chain
 from dataflow.formats.tar import decode_tar_stream, tar_size_bound
@@ -55,7 +55,7 @@ def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Ca
         tmp = cache.part_path(path, size_bound(shard, fmt))
         try:
             t0 = time.thread_time()
-            if check_source and _sha256(src) != shard.sha256:
+            if check_source and sha256_local(src)[1] != shard.sha256:
                 raise FormatError(f"{src}: its sha256 does not match the manifest; the shard is damaged or was "
                                   "replaced: run `dataflow verify` on the dataset")
             try:
@@ -120,13 +120,3 @@ def path_to_read(storage: Any, shard: ShardInfo, decode: tuple[str, int] | None)
 def _disk_full(e: BaseException) -> OSError | None:
     """The ENOSPC/EDQUOT behind `e` (raised, or being handled, when it was raised), if there is one."""
     return next((err for err in chain(e) if isinstance(err, OSError) and err.errno in cache.DISK_FULL), None)
-
-
-def _sha256(path: str) -> str:
-    """sha256 of a local file through one small reused buffer (no allocation churn in the thread)."""
-    h, buf = hashlib.sha256(), bytearray(1 << 18)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()

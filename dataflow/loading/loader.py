@@ -22,7 +22,7 @@ import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dataflow.errors import ConfigError, WorkerDied, cause
-from dataflow.loading.contract import SampleSource
+from dataflow.loading.contract import SampleSource, StageSnapshot
 from dataflow.loading.handoff import WorkerPool, how_it_ended
 from dataflow.loading.plan import BatchPlan
 from dataflow.loading.stages import STAGES, TOTALS, BatchTiming, Hook, add_report, add_seconds
@@ -252,6 +252,11 @@ class StreamingDataLoader:
     def stage_seconds_by_worker(self) -> dict[int, dict[str, float]]:
         """`stage_seconds` of each worker process (a slow or starved worker stands out)."""
         return {w: {k: v for k, v in d.items() if k in STAGES} for w, d in self._by_worker().items()}
+
+    def stage_figures(self) -> StageSnapshot:
+        """The `StageFigures` contract: stage seconds, all workers and per worker (what a monitor polls)."""
+        return StageSnapshot(self.stage_seconds, {f"worker-{w}": d for w, d in self.stage_seconds_by_worker.items()},
+                             sources={"loader": type(self).__name__})
 
     @property
     def counts(self) -> dict[str, float]:

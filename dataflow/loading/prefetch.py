@@ -17,8 +17,6 @@ with the same upstream iterator, so the consumer sees the stream without a gap.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,7 +25,8 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from dataflow.errors import ConfigError, DataflowError
-from dataflow.loading.contract import LendingLoader
+from dataflow.threads import Producer
+from dataflow.loading.contract import LendingLoader, StageFigures, StageSnapshot
 
 _DONE = object()
 JOIN_S = 60.0  # how long close() waits for an upstream `next()` in progress
@@ -58,30 +57,6 @@ class _TimedEvent:
 class _Failure:
     def __init__(self, exc: BaseException):
         self.exc = exc
-
-
-class _Producer:
-    """One iteration's producer thread, its queue, and what it had in hand when told to stop."""
-
-    def __init__(self, depth: int):
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
-        self.carry: list[Any] = []
-        self.thread: threading.Thread | None = None
-
-    def start(self, target: Any, it: Iterator[Any]) -> None:
-        self.thread = threading.Thread(target=target, args=(it, self), name="dataflow-prefetch", daemon=True)
-        self.thread.start()
-
-    def put(self, item: Any) -> None:
-        """Queue `item`; when the consumer has stopped, keep it for the next iteration instead."""
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
-        self.carry.append(item)
 
 
 class _PinnedRing:
@@ -140,7 +115,7 @@ class DevicePrefetcher:
         self._state_of = getattr(batches, "state_dict", None)
         self._it: Iterator[Any] | None = None  # the upstream iterator, kept across a break
         self._pending: deque = deque()  # items read ahead and not yet yielded (after a break)
-        self._producer: _Producer | None = None  # the thread of the current iteration
+        self._producer: Producer | None = None  # the thread of the current iteration
         self._generation = 0  # the newest iterator; an older one raises if it is resumed
         self._ring: _PinnedRing | None = None
         self._last_event: _TimedEvent | None = None
@@ -167,14 +142,24 @@ class DevicePrefetcher:
         load(state)
         self._state = self._state_of() if self._state_of else None
 
+    def stage_figures(self) -> StageSnapshot:
+        """The `StageFigures` contract: this prefetcher's wait and copy figures over its upstream's own
+        (when the upstream keeps any): what a `StarvationMonitor` wrapping it reports."""
+        s = self.stats
+        transfer = {"batches": float(s.batches), "wait_s": s.wait_s, "upstream_s": s.upstream_s}
+        if self._cuda:
+            transfer["h2d_s"] = s.copy_s  # CUDA-event copy time
+        own = StageSnapshot(transfer=transfer, sources={"prefetcher": type(self).__name__}, device=str(self.device))
+        return own.over(self.upstream.stage_figures()) if isinstance(self.upstream, StageFigures) else own
+
     # --- producer thread ------------------------------------------------------------------------
-    def _produce(self, it: Iterator[Any], p: "_Producer") -> None:
+    def _produce(self, it: Iterator[Any], p: Producer) -> None:
         in_flight: deque = deque()  # (event, host batch) of direct copies: the host memory stays referenced
         try:
             stream = torch.cuda.Stream(device=self.device) if self._cuda else None
             if self._cuda and not self.pinned and self._ring is None:
                 self._ring = _PinnedRing(self.depth + 1, self.stats)
-            while not p.stop.is_set():
+            while not p.stopped:
                 t0 = time.perf_counter()
                 batch = next(it, _DONE)
                 self.stats.upstream_s += time.perf_counter() - t0
@@ -239,7 +224,7 @@ class DevicePrefetcher:
             self._it = iter(self.upstream)
         ended = any(item is _DONE or isinstance(item, _Failure) for item in self._pending)
         if not ended:  # (read-ahead that holds the upstream's end needs no thread: it is all there is)
-            self._producer = _Producer(self.depth)
+            self._producer = Producer(self.depth, "dataflow-prefetch")
             self._producer.start(self._produce, self._it)
         producer = self._producer
         try:
@@ -248,7 +233,7 @@ class DevicePrefetcher:
                     raise DataflowError("this prefetcher iterator was replaced by a newer iter(prefetcher); "
                                         "iterate the new one")
                 t0 = time.perf_counter()
-                item = self._pending.popleft() if self._pending else producer.queue.get()
+                item = self._pending.popleft() if self._pending else producer.get()
                 wait = time.perf_counter() - t0
                 if item is _DONE:
                     self._it = None
@@ -287,20 +272,12 @@ class DevicePrefetcher:
         p, self._producer = self._producer, None
         if p is None:
             return
-        p.stop.set()
-        if p.thread is threading.current_thread():
-            return
-        p.thread.join(timeout=JOIN_S)
-        if p.thread.is_alive():  # stuck in the upstream: abandon that iterator, the next iter() starts a new one
+        left = p.stop(JOIN_S)
+        if left is None:  # stuck in the upstream: abandon that iterator, the next iter() starts a new one
             self._it = None
             self._pending.clear()
             return
-        while True:
-            try:
-                self._pending.append(p.queue.get_nowait())
-            except queue.Empty:
-                break
-        self._pending.extend(p.carry)
+        self._pending.extend(left)
 
     def __del__(self) -> None:
         try:

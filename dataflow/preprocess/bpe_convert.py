@@ -60,6 +60,24 @@ def convert(obj: dict[str, Any]) -> Conversion:
     _check_normalizer(obj.get("normalizer"))
     pat_str, pattern_source = _split_pattern(obj.get("pre_tokenizer"))
     model = obj.get("model") or {}
+    _check_model(model)
+    ignore_merges = bool(model.get("ignore_merges", False))
+    added = obj.get("added_tokens") or []
+    _check_added_tokens(added)
+    vocab: dict[str, int] = model.get("vocab") or {}
+    _check_byte_symbols(vocab)
+    ranks: dict[bytes, int] = {bytes([b]): vocab[c] for b, c in bytes_to_unicode().items()}
+    ranks.update(_merge_ranks(model.get("merges") or [], vocab))
+    skipped = _add_vocab_tokens(ranks, vocab, {int(t["id"]) for t in added}, ignore_merges)
+    rank_ids = set(ranks.values())
+    if len(rank_ids) != len(ranks):
+        raise NotConvertible("two byte strings share one id in the vocab")
+    special = {tok["content"]: int(tok["id"]) for tok in added if int(tok["id"]) not in rank_ids}
+    return Conversion(pat_str, ranks, special, ignore_merges, pattern_source, skipped)
+
+
+def _check_model(model: dict[str, Any]) -> None:
+    """The model must be a deterministic byte-level BPE whose merges work on plain symbols."""
     if model.get("type") != "BPE":
         raise NotConvertible(f"model is {model.get('type')!r}, not BPE")
     if model.get("dropout") not in (None, 0, 0.0):
@@ -69,18 +87,16 @@ def convert(obj: dict[str, Any]) -> Conversion:
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key):
             raise NotConvertible(f"BPE {key} {model[key]!r} changes the symbols merges work on")
-    ignore_merges = bool(model.get("ignore_merges", False))
 
-    added = obj.get("added_tokens") or []
+
+def _check_added_tokens(added: list[dict[str, Any]]) -> None:
     for tok in added:
         if not tok.get("special", False):
             raise NotConvertible(f"added token {tok.get('content')!r} (id {tok.get('id')}) is not special: "
                                  "tokenizers matches it inside documents, tiktoken cannot")
-    added_ids = {int(t["id"]) for t in added}
 
-    vocab: dict[str, int] = model.get("vocab") or {}
-    as_bytes = _symbols_to_bytes
 
+def _check_byte_symbols(vocab: dict[str, int]) -> None:
     missing = [b for b, c in bytes_to_unicode().items() if c not in vocab]
     if missing:
         raise NotConvertible(f"{len(missing)} of the 256 byte symbols are missing from the vocab "
@@ -88,7 +104,9 @@ def convert(obj: dict[str, Any]) -> Conversion:
     # With all 256 byte symbols in the vocab, an unk_token can never be emitted: every character the
     # ByteLevel pre-tokenizer produces is known. The probe's all-bytes text confirms it.
 
-    merges = model.get("merges") or []
+
+def _merge_ranks(merges: list[Any], vocab: dict[str, int]) -> dict[bytes, int]:
+    """The bytes each merge makes -> its id, checking that ids rise with the merges (tiktoken's rank order)."""
     merged: dict[bytes, int] = {}
     prev_rank = -1
     for i, m in enumerate(merges):
@@ -110,17 +128,21 @@ def convert(obj: dict[str, Any]) -> Conversion:
             raise NotConvertible(f"merges disagree with rank order at merge {i}: {ab!r} has id {rab}, "
                                  f"below the previous merge's id {prev_rank}")
         prev_rank = rab
-        bab = as_bytes(ab)
+        bab = _symbols_to_bytes(ab)
         if bab is None:
             raise NotConvertible(f"merge {i} makes {ab!r}, which is not byte-level (outside GPT-2's byte table)")
         merged[bab] = rab
+    return merged
 
-    ranks: dict[bytes, int] = {bytes([b]): vocab[c] for b, c in bytes_to_unicode().items()}
-    ranks.update(merged)
+
+def _add_vocab_tokens(ranks: dict[bytes, int], vocab: dict[str, int], added_ids: set[int],
+                      ignore_merges: bool) -> list[str]:
+    """Add to `ranks` the vocab tokens no merge makes but a whole piece may equal (`ignore_merges`);
+    returns the tokens left out, each with why."""
     skipped: list[str] = []
     whole_only: list[tuple[str, bytes]] = []
     for token, tid in vocab.items():
-        bt = as_bytes(token)
+        bt = _symbols_to_bytes(token)
         if bt is None:
             # Not made of byte symbols: BPE over byte symbols never produces it, nor can a whole
             # pre-tokenized piece equal it. Only the added-token path could, and that is off.
@@ -143,16 +165,7 @@ def convert(obj: dict[str, Any]) -> Conversion:
             if bt[:k] in ranks and bt[k:] in ranks:
                 raise NotConvertible(f"vocab token {token!r} (id {vocab[token]}) has no merge rule but splits "
                                      f"into two ranked tokens; tiktoken would merge into it, tokenizers would not")
-
-    rank_ids = set(ranks.values())
-    if len(rank_ids) != len(ranks):
-        raise NotConvertible("two byte strings share one id in the vocab")
-    special = {}
-    for tok in added:
-        tid = int(tok["id"])
-        if tid not in rank_ids:
-            special[tok["content"]] = tid
-    return Conversion(pat_str, ranks, special, ignore_merges, pattern_source, skipped)
+    return skipped
 
 
 # Byte symbol -> the Latin-1 character of its byte; characters below 256 that are not byte symbols go

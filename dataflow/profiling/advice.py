@@ -37,7 +37,7 @@ def workers_needed(workers: int, capacity: float, needed: float, margin: float =
 
 
 def advise(result: dict[str, Any]) -> list[str]:
-    """Advice lines for one configuration's result (`profile.run_config`)."""
+    """Advice lines for one configuration's result (`session.run_config`)."""
     run, s = result["run"], result["settings"]
     stages = result.get("stages") or {}
     dominant = stages.get("dominant")

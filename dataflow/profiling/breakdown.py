@@ -1,39 +1,23 @@
-"""Where the loader's time goes: stage figures read from the loader and prefetcher upstream of a monitor.
+"""Where the loader's time goes: stage figures of the pipeline a monitor wraps, through the contract only.
 
-Typed: a `StageFigures` (contract.py; a `StreamingDataLoader`: worker seconds per stage, summed over
-workers, and `stage_seconds_by_worker`) or anything with `stats.wait_s` (a `DevicePrefetcher`; its
-`copy_s`, host-to-device time from CUDA events, is the `h2d` stage), found along `upstream` links. The
-loader's totals may restart with each worker pool (each epoch unless `persistent_workers`), so a
-`StageProbe` polls them after every batch and carries what a restart would drop.
+What the monitor is handed, if it keeps the `StageFigures` contract (contract.py: a `StreamingDataLoader`,
+or a `DevicePrefetcher`, which lays its own figures over its upstream's), is polled for one
+`StageSnapshot` after every batch; nothing is looked up by attribute name. The prefetcher's timed copy
+(`h2d_s`, from CUDA events) is the `h2d` stage. The loader's totals may restart with each worker pool
+(each epoch unless `persistent_workers`), so `StageProbe` carries what a restart would drop.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from dataflow.loading.contract import StageFigures
+from dataflow.loading.contract import StageFigures, StageSnapshot
 from dataflow.loading.stages import DESCRIPTIONS as LOADER_DESCRIPTIONS
 from dataflow.loading.stages import STAGES as LOADER_STAGES
 from dataflow.loading.stages import add_seconds
 
 STAGES = (*LOADER_STAGES, "h2d")  # the loader's stages, then the prefetcher's copy
 DESCRIPTIONS = {**LOADER_DESCRIPTIONS, "h2d": "host-to-device copy"}
-UPSTREAM = "upstream"  # the one attribute by which a wrapper (`DevicePrefetcher`) names what it wraps
-
-
-def find_sources(batches: Any) -> tuple[Any, Any]:
-    """(loader, prefetcher) among `batches` and what it wraps, following `upstream` only; a loader is a
-    `StageFigures`, a prefetcher has `stats.wait_s`. Anything else is named with `StarvationMonitor.attach`."""
-    loader = prefetcher = None
-    obj, seen = batches, set()
-    while obj is not None and id(obj) not in seen:
-        seen.add(id(obj))
-        if loader is None and isinstance(obj, StageFigures):
-            loader = obj
-        if prefetcher is None and hasattr(getattr(obj, "stats", None), "wait_s"):
-            prefetcher = obj
-        obj = getattr(obj, UPSTREAM, None)
-    return loader, prefetcher
 
 
 class _Totals:
@@ -61,51 +45,52 @@ class _Totals:
         return {k: v - base.get(k, 0.0) for k, v in self.total().items()}
 
 
-def _flat_by_worker(by_worker: Any) -> dict[str, float]:
-    if not by_worker:
-        return {}
-    items = by_worker.items() if isinstance(by_worker, dict) else enumerate(by_worker)
-    return {f"{f'worker-{w}' if isinstance(w, int) else w}/{k}": float(v) for w, stages in items
-            for k, v in stages.items()}
+def _flat_by_worker(by_worker: dict[str, dict[str, float]]) -> dict[str, float]:
+    return {f"{w}/{k}": float(v) for w, stages in by_worker.items() for k, v in stages.items()}
 
 
 class StageProbe:
-    """Stage seconds of a loader and prefetcher since the probe was created."""
+    """Stage seconds of a pipeline (`StageFigures` parts, the outermost first) since the probe was created."""
 
-    def __init__(self, loader: Any = None, prefetcher: Any = None):
-        self.loader, self.prefetcher = loader, prefetcher
-        self._stages, self._workers, self._prefetch = _Totals(), _Totals(), _Totals()
+    def __init__(self, *parts: StageFigures):
+        self.parts = parts
+        self._stages, self._workers, self._transfer = _Totals(), _Totals(), _Totals()
+        self.last = StageSnapshot()
         self.observe()
 
+    def snapshot(self) -> StageSnapshot:
+        """The parts' figures now, each laid over the ones after it."""
+        snap = StageSnapshot()
+        for part in reversed(self.parts):
+            snap = part.stage_figures().over(snap)
+        return snap
+
+    @property
+    def device(self) -> str | None:
+        """Where the batches arrive, when a prefetcher among the parts says so."""
+        return self.last.device
+
     def observe(self) -> None:
-        """Poll the upstream counters (cheap: a few dict entries); called after each batch."""
-        if self.loader is not None:
-            self._stages.observe(dict(self.loader.stage_seconds))
-            self._workers.observe(_flat_by_worker(getattr(self.loader, "stage_seconds_by_worker", None)))
-        if self.prefetcher is not None:
-            s = self.prefetcher.stats
-            fig = {"batches": float(s.batches), "wait_s": float(s.wait_s)}
-            copy = getattr(s, "copy_s", getattr(s, "h2d_s", None))  # CUDA-event copy time, when timed
-            if copy is not None and getattr(self.prefetcher, "_cuda", True):
-                fig["h2d_s"] = float(copy)
-            if getattr(s, "upstream_s", None) is not None:
-                fig["upstream_s"] = float(s.upstream_s)
-            self._prefetch.observe(fig)
+        """Poll the figures (cheap: a few dict entries); called after each batch."""
+        self.last = snap = self.snapshot()
+        self._stages.observe(dict(snap.stages))
+        self._workers.observe(_flat_by_worker(snap.by_worker))
+        self._transfer.observe(dict(snap.transfer))
 
     def summary(self, batches: int) -> dict[str, Any]:
         """Seconds and ms per batch for each stage, which stage dominates, and per-worker figures."""
         seconds = {k: v for k, v in self._stages.since_start().items() if v > 0 or k in STAGES}
-        pf = self._prefetch.since_start()
-        if "h2d_s" in pf:
-            seconds["h2d"] = pf["h2d_s"]
+        moved = self._transfer.since_start()
+        if "h2d_s" in moved:
+            seconds["h2d"] = moved["h2d_s"]
         per_worker: dict[str, dict[str, float]] = {}
         for key, v in self._workers.since_start().items():
             w, _, stage = key.partition("/")
             per_worker.setdefault(w, {})[stage] = v
+        names = self.last.sources
         return breakdown(seconds, batches, per_worker or None, sources={
-            "loader": type(self.loader).__name__ if self.loader is not None else None,
-            "prefetcher": type(self.prefetcher).__name__ if self.prefetcher is not None else None,
-            "prefetch_wait_s": pf.get("wait_s"), "prefetch_upstream_s": pf.get("upstream_s")})
+            "loader": names.get("loader"), "prefetcher": names.get("prefetcher"),
+            "prefetch_wait_s": moved.get("wait_s"), "prefetch_upstream_s": moved.get("upstream_s")})
 
 
 def breakdown(seconds: dict[str, float], batches: int, per_worker: dict[str, dict[str, float]] | None = None,

@@ -10,7 +10,8 @@ The wait of a batch is the host time blocked in `next()`; on a GPU, plus the tim
 idle until the batch's copy was done (CUDA events, read back lazily). The step time is the time
 inside `step()`, GPU time from CUDA events when the loop runs on CUDA. The main process's CPU time
 inside `next()` (`time.process_time`) shows what loading takes from the training process even when
-nobody waits. A `StreamingDataLoader`/`DevicePrefetcher` found upstream adds the stage breakdown.
+nobody waits. Wrapping a `StreamingDataLoader` or a `DevicePrefetcher` (anything that keeps the
+`StageFigures` contract) adds the stage breakdown.
 Everything is kept in bounded arrays; the cost is a few microseconds per step (`overhead.py`).
 """
 
@@ -24,7 +25,9 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from dataflow.profiling import gpu
-from dataflow.profiling.breakdown import StageProbe, find_sources
+from dataflow.errors import ConfigError
+from dataflow.loading.contract import StageFigures
+from dataflow.profiling.breakdown import StageProbe
 
 INPUT_BOUND_PCT = 10.0  # data wait above this share of wall time: input-bound
 BALANCED_PCT = 1.0  # below this: compute-bound
@@ -74,21 +77,23 @@ class StarvationMonitor:
         self._step = _Step(self)
 
     # --- measuring ------------------------------------------------------------------------------
-    def attach(self, loader: Any = None, prefetcher: Any = None) -> None:
-        """Name the loader/prefetcher whose stage figures to report when `wrap` cannot find them
-        (e.g. behind a generator of your own)."""
-        self.probe = StageProbe(loader, prefetcher)
+    def attach(self, loader: StageFigures | None = None, prefetcher: StageFigures | None = None) -> None:
+        """Name the loader/prefetcher whose stage figures to report when `wrap` is handed something else
+        (e.g. a generator of your own); each must keep the `StageFigures` contract."""
+        for role, part in (("loader", loader), ("prefetcher", prefetcher)):
+            if part is not None and not isinstance(part, StageFigures):
+                raise ConfigError(f"StarvationMonitor.attach: the {role} {type(part).__name__} has no stage_figures() "
+                                  f"(the StageFigures contract); pass a StreamingDataLoader or DevicePrefetcher")
+        self.probe = StageProbe(*(p for p in (prefetcher, loader) if p is not None))
 
     def _setup(self, batches: Any) -> None:
         if self._start is None:
             self._start = self.clock()
-        if self.probe is None:
-            loader, prefetcher = find_sources(batches)
-            if loader is not None or prefetcher is not None:
-                self.probe = StageProbe(loader, prefetcher)
+        if self.probe is None and isinstance(batches, StageFigures):
+            self.probe = StageProbe(batches)
         if self.cuda is None and self._device != "cpu":
-            target = getattr(getattr(self.probe, "prefetcher", None), "device", None)
-            target = target if self._device == "auto" else self._device
+            auto = self.probe.device if self.probe is not None else None  # a prefetcher's device
+            target = auto if self._device == "auto" else self._device
             if gpu.cuda_in_use(target):
                 self.cuda = gpu.CudaTimer()
                 if self._nvml_wanted and self.nvml is None:

@@ -67,6 +67,16 @@ def per_track_seconds(events: list[dict[str, Any]]) -> dict[str, dict[str, float
     return dict(sorted(out.items()))
 
 
+def decode_counts(events: list[dict[str, Any]]) -> dict[str, float]:
+    """The decoded cache as the recorded processes used it, all together (`loading.stages.TOTALS`): each
+    process's running totals as of its latest batch, summed over processes."""
+    latest: dict[int, dict[str, float]] = {}
+    for e in sorted(events, key=lambda e: e["t0"]):
+        latest[e["pid"]] = e["totals"]
+    out = {k: sum(t.get(k, 0.0) for t in latest.values()) for k in TOTALS}
+    return {k: (v if k == "decode_cpu_s" else int(round(v))) for k, v in out.items()}
+
+
 class TimedUpstream:
     """Wraps the iterator a prefetcher pulls from, recording each `next()` as a `load` slice on its thread."""
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from dataflow.errors import ConfigError
 from dataflow.profiling.consumers import Consumer
-from dataflow.profiling.profile import RunSettings, make_loader, run_config, with_settings
+from dataflow.profiling.session import RunSettings, make_loader, run_config, with_settings
 
 TARGET_PCT = 1.0
 KEYS = {"num_workers": 0, "workers": 0, "depth": 1, "prefetch_factor": 1}  # sweepable setting -> minimum

@@ -4,8 +4,9 @@ One configuration runs one `StreamingDataLoader` (persistent workers, epochs cyc
 `DevicePrefetcher`: `warmup` batches (startup, not counted), `batches` with no consumer (capacity:
 batches/s the pipeline delivers), `warmup` more at the consumer's pace (the capacity phase drained
 the queues), then `batches` against the consumer under a `StarvationMonitor`.
-The loader's `stage_hook` records each batch's stages from inside the workers (`recorder.py`), so the
-report can say which stage and which worker the time goes to.
+The loader's `stage_hook` records each batch's stages and counts from inside the workers (`recorder.py`),
+so the report can say which stage and which worker the time goes to; the monitor reads the rest through
+the `StageFigures` contract.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from dataflow.errors import ConfigError
 from dataflow.profiling import advice
 from dataflow.profiling.consumers import Consumer, idle
 from dataflow.profiling.monitor import StarvationMonitor
-from dataflow.profiling.recorder import StageRecorder, TimedUpstream, per_track_seconds, read_stage_events
+from dataflow.profiling.recorder import (StageRecorder, TimedUpstream, decode_counts, per_track_seconds,
+                                        read_stage_events)
 from dataflow.profiling.breakdown import breakdown, merge_seconds
 
 
@@ -99,8 +101,8 @@ def run_config(s: RunSettings, consumer: Consumer, capacity: bool = True, keep_t
                                 held_batches=max(4, s.depth + 2), pin_memory=device.startswith("cuda"), cycle=True,
                                 stage_hook=StageRecorder(folder))
         ds = loader.dataset
-        upstream = TimedUpstream(loader)  # small datasets wrap around: the loader cycles through epochs
-        prefetcher = DevicePrefetcher(upstream, device=device, depth=s.depth, pinned=loader.pinned)
+        timed = TimedUpstream(loader)  # small datasets wrap around: the loader cycles through epochs
+        prefetcher = DevicePrefetcher(timed, device=device, depth=s.depth, pinned=loader.pinned)
         try:
             t0 = time.perf_counter()
             it = iter(prefetcher)
@@ -110,18 +112,18 @@ def run_config(s: RunSettings, consumer: Consumer, capacity: bool = True, keep_t
             if capacity:  # ramp up with no consumer, measure; then refill the queues at the consumer's pace
                 for _ in islice(it, s.warmup_batches - 1):
                     pass
-                cap = _phase(it, idle(), s.batches, loader, prefetcher, folder)
+                cap = _phase(it, idle(), s.batches, (loader, prefetcher, timed), folder)
                 consumer.step(next(it))
             else:
                 consumer.step(first)
             for batch in islice(it, s.warmup_batches - 1):
                 consumer.step(batch)
-            run = _phase(it, consumer, s.batches, loader, prefetcher, folder)
+            run = _phase(it, consumer, s.batches, (loader, prefetcher, timed), folder)
         finally:
             prefetcher.close()
             loader.close()
         shards, tokens = len(ds.shards), sum(info.tokens for _, info in ds.shards)
-        counts = loader.counts
+        counts = decode_counts(read_stage_events(folder))
     out: dict[str, Any] = {
         "settings": {**asdict(s), "device": device, "warmup": s.warmup_batches},
         "consumer": consumer.description,
@@ -148,12 +150,14 @@ def run_config(s: RunSettings, consumer: Consumer, capacity: bool = True, keep_t
     return out
 
 
-def _phase(it: Iterator[Any], consumer: Consumer, n: int, loader: Any, prefetcher: Any, folder: str
+def _phase(it: Iterator[Any], consumer: Consumer, n: int, parts: tuple[Any, Any, TimedUpstream], folder: str
            ) -> dict[str, Any]:
-    """`n` batches of `it` under a fresh monitor; its summary, stage breakdown and trace material."""
+    """`n` batches of `it` under a fresh monitor; its summary, stage breakdown and trace material.
+    `parts`: the loader, the prefetcher over it, and the `TimedUpstream` between them."""
+    loader, prefetcher, timed = parts
     mon = StarvationMonitor()
     mon.attach(loader, prefetcher)
-    up0 = len(prefetcher.upstream.slices)
+    up0 = len(timed.slices)
     t0 = time.perf_counter()
     for batch in islice(mon.wrap(it), n):
         with mon.step():
@@ -171,7 +175,7 @@ def _phase(it: Iterator[Any], consumer: Consumer, n: int, loader: Any, prefetche
     stages["batches_recorded"] = len(events)
     stages["loader_stage_seconds"] = {r["stage"]: r["seconds"] for r in (probe or {}).get("stages", [])}
     return {"summary": summary, "stages": stages, "timeline": mon.timeline(), "events": events,
-            "upstream": [u for u in prefetcher.upstream.slices[up0:] if u[1] < t1]}
+            "upstream": [u for u in timed.slices[up0:] if u[1] < t1]}
 
 
 def with_settings(s: RunSettings, **changes: Any) -> RunSettings:
