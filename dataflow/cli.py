@@ -18,7 +18,7 @@ from typing import Sequence
 from dataflow import env
 from dataflow.convert.command import add_convert_parser
 from dataflow.errors import ConfigError, DataflowError, debug_enabled
-from dataflow.profiling.cli import add_profile_parser
+from dataflow.profiling.subcommand import add_profile_parser
 from dataflow.units import count
 
 DISTRIBUTION = "dataflow-lm"

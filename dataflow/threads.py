@@ -1,7 +1,7 @@
 """A bounded producer thread: work done on a daemon thread at most `depth` items ahead of its consumer.
 
-`Producer` is the one helper for it (the device prefetcher's thread; tokenize's read-ahead should use
-`produced_ahead`). The consumer stops it with `stop()`, which joins the thread (bounded) and then
+`Producer` is the one helper for it (the device prefetcher's thread); `Ahead`/`produced_ahead` run an iterable
+on one (tokenize's feeder). The consumer stops it with `stop()`, which joins the thread (bounded) and then
 returns, in order, what was produced and never taken, so a caller can keep it (the prefetcher serves
 it first on the next iteration) or drop it.
 """
@@ -67,30 +67,48 @@ class Producer:
         return left + self._carry
 
 
-def produced_ahead(items: Iterable[Any], depth: int, name: str, drop: Callable[[Any], None] = lambda item: None,
-                   join_s: float = 5.0) -> Iterator[Any]:
-    """`items`, produced on a thread at most `depth` ahead of the caller; an exception there is raised
-    here. A caller that stops early stops the thread, and `drop` gets each item produced but never taken."""
-    def work(p: Producer) -> None:
-        try:
-            for item in items:
-                if not p.put(item):
-                    return
-            p.put(_END)
-        except BaseException as e:
-            p.put(_Failed(e))
+class Ahead:
+    """`items`, produced on a thread started at once, at most `depth` ahead of whoever iterates; an exception
+    there is raised to the consumer. `close()` stops the thread (bounded) and `drop` gets each item produced
+    but never taken. Eager on purpose: tokenize's feeder submits bundles while the coordinator still checks."""
 
-    p = Producer(depth, name)
-    p.start(work)
-    try:
-        while (item := p.get()) is not _END:
+    def __init__(self, items: Iterable[Any], depth: int, name: str,
+                 drop: Callable[[Any], None] = lambda item: None) -> None:
+        self._drop = drop
+        self._producer = Producer(depth, name)
+        self._producer.start(_produce, iter(items))
+
+    def __iter__(self) -> Iterator[Any]:
+        while (item := self._producer.get()) is not _END:
             if isinstance(item, _Failed):
                 raise item.exc
             yield item
-    finally:
-        for item in p.stop(join_s) or []:
+
+    def close(self, join_s: float = 5.0) -> None:
+        """Stop the thread, waiting at most `join_s` for it, and drop what it produced ahead."""
+        for item in self._producer.stop(join_s) or []:
             if item is not _END and not isinstance(item, _Failed):
-                drop(item)
+                self._drop(item)
+
+
+def _produce(items: Iterator[Any], p: Producer) -> None:
+    try:
+        for item in items:
+            if not p.put(item):
+                return
+        p.put(_END)
+    except BaseException as e:
+        p.put(_Failed(e))
+
+
+def produced_ahead(items: Iterable[Any], depth: int, name: str, drop: Callable[[Any], None] = lambda item: None,
+                   join_s: float = 5.0) -> Iterator[Any]:
+    """`items` through an `Ahead` started at the first `next()`, closed when the caller stops or finishes."""
+    ahead = Ahead(items, depth, name, drop)
+    try:
+        yield from ahead
+    finally:
+        ahead.close(join_s)
 
 
 class _Failed:

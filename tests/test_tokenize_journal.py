@@ -86,7 +86,7 @@ def test_a_consumer_that_stops_early_stops_the_reading_thread_at_once():
     what was read ahead but never taken is dropped (the feeder cancels those units)."""
     import threading
 
-    from dataflow.preprocess.executors import _threaded
+    from dataflow.threads import produced_ahead as _threaded
 
     dropped = []
     items = _threaded(iter(range(100)), 3, "test-reader", drop=dropped.append)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import queue
@@ -21,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.errors import FormatError
+from dataflow.formats.hashing import sha256_local
 from dataflow.formats.manifest import MAX_COUNT
 
 RECORD_BATCH_TOKENS = 1 << 21  # 2M tokens: 4 MB of uint16 per decompression
@@ -146,15 +146,10 @@ class ArrowShardFile:
                 if at < 0 or region.find(self._placeholder, at + 1) >= 0:
                     raise RuntimeError(f"{self.path}: cannot find the layout placeholder of the shard")
                 os.pwrite(f.fileno(), final, base + at)
-            digest = hashlib.sha256()
-            f.seek(0)
-            while block := f.read(1 << 22):
-                digest.update(block)
-            f.flush()
-            os.fsync(f.fileno())
+        size, digest = sha256_local(self._tmp, sync=True)  # the filled-in file, made durable before the rename
         os.chmod(self._tmp, 0o644)  # mkstemp makes 0600; a dataset is meant to be shared
         os.replace(self._tmp, self.path)
-        return size, digest.hexdigest()
+        return size, digest
 
     def abort(self, remove: bool = True) -> None:
         """Stop writing; drop the unfinished file unless `remove` is False."""

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import signal
 import sys
-import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
 from dataflow.errors import ConfigError
 from dataflow.lifetime import die_with_parent
+from dataflow.threads import Ahead
 from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.worker import BundleResult, UnitSpec, tokenize_bundle, worker_tokenizer
 
@@ -96,7 +95,7 @@ class LocalPoolExecutor(Executor):
     def __init__(self, workers: int, tokenizer: str, engine: str) -> None:
         super().__init__(workers, tokenizer, engine)
         self._pool: ProcessPoolExecutor | None = None
-        self._futures: _Ahead | None = None  # the feeder of the submitted bundles
+        self._futures: Ahead | None = None  # the feeder of the submitted bundles
 
     def start(self) -> None:
         if self._pool is not None:
@@ -114,7 +113,7 @@ class LocalPoolExecutor(Executor):
         os.makedirs(scratch, exist_ok=True)
         pool = self._pool
         submitted = (pool.submit(tokenize_bundle, bundle, spec, scratch) for bundle in bundles)
-        self._futures = _Ahead(submitted, 2 * self.workers + 1, "dataflow-feeder")
+        self._futures = Ahead(submitted, 2 * self.workers + 1, "dataflow-feeder")
 
     def results(self) -> Iterator[BundleResult]:
         for future in self._futures:
@@ -132,7 +131,7 @@ class LocalPoolExecutor(Executor):
             for process in list((getattr(pool, "_processes", None) or {}).values()):
                 process.kill()
         if futures is not None:
-            futures.close(wait=0.5 if now else 5)  # a daemon thread: at an interrupt, never wait for a read
+            futures.close(join_s=0.5 if now else 5)  # a daemon thread: at an interrupt, never wait for a read
         if pool is None:
             return
         manager = getattr(pool, "_executor_manager_thread", None)
@@ -215,65 +214,3 @@ def make_executor(name: str, workers: int, tokenizer: str, engine: str) -> Execu
     check_executor(name)
     return EXECUTORS[name](workers, tokenizer, engine)
 
-
-class _Ahead:
-    """`items`, produced on a thread (started at once) at most `depth` ahead of the consumer; an exception
-    there (a damaged compressed stream) is raised to the consumer. `close()` stops the thread, and `drop`
-    gets each item produced but never taken."""
-
-    def __init__(self, items: Iterable, depth: int, name: str,
-                 drop: Callable[[object], None] = lambda item: None) -> None:
-        self._items, self._drop = items, drop
-        self._ahead: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._produce, name=name, daemon=True)
-        self._thread.start()
-
-    def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._ahead.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def _produce(self) -> None:
-        try:
-            for item in self._items:
-                if not self._put(item):
-                    self._drop(item)
-                    return
-            self._put(_END)
-        except BaseException as e:
-            self._put(e)
-
-    def __iter__(self) -> Iterator:
-        while (item := self._ahead.get()) is not _END:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self, wait: float = 5) -> None:
-        """Stop the thread (waiting at most `wait` seconds for it) and drop what it read ahead."""
-        self._stop.set()
-        while True:
-            try:
-                item = self._ahead.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _END and not isinstance(item, BaseException):
-                self._drop(item)
-        self._thread.join(timeout=wait)
-
-
-def _threaded(items: Iterable, depth: int, name: str, drop: Callable[[object], None] = lambda item: None) -> Iterator:
-    """`items` through an `_Ahead`, closed when the consumer stops (or finishes)."""
-    ahead = _Ahead(items, depth, name, drop)
-    try:
-        yield from ahead
-    finally:
-        ahead.close()
-
-
-_END = object()

@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
+from dataflow import locks
 from dataflow.errors import ConfigError, DataflowError
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import (DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size,
@@ -181,20 +182,16 @@ def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
 @contextlib.contextmanager
 def _exclusive_lock(path: str) -> Iterator[bool]:
     """An exclusive, non-blocking lock of `path` (made if missing) for the block; False: another process
-    holds it. The one place tokenize locks (a shared lock-file helper may replace it)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    holds it. The one place tokenize locks."""
+    fd = locks.lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fd is None:
+        yield False
+        return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            os.remove(path)  # while still held: a run starting now makes its own lock file
+        yield True
     finally:
-        os.close(fd)
+        os.remove(path)  # while still held: a run starting now makes its own lock file
+        locks.unlock(fd)
 
 
 def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int) -> Summary:
