@@ -89,6 +89,14 @@ def _shard_files(root: str, stack: contextlib.ExitStack):
     return Fetched(storage.url, storage.local_path, lambda shard: storage.release(shard, decoded_copy=False))
 
 
+def _decoded(root: str, manifest, stack: contextlib.ExitStack):
+    """The dataset's documents as text (`decode_documents`), its shards fetched one at a time when remote."""
+    from dataflow.preprocess.decode import decode_documents
+
+    files = _shard_files(root, stack)
+    return decode_documents(root, manifest) if files is None else decode_documents(root, manifest, files=files)
+
+
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from dataflow.formats.writer import parse_size
     from dataflow.preprocess.run import TokenizeConfig, tokenize
@@ -126,11 +134,10 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from dataflow.formats.inspect import describe, format_description
-    from dataflow.preprocess.decode import decode_documents
 
     root, manifest = _dataset(args.path)
     with contextlib.ExitStack() as stack:
-        docs = decode_documents(root, manifest, _shard_files(root, stack)) if args.decode else iter(())
+        docs = _decoded(root, manifest, stack) if args.decode else iter(())
         stack.callback(getattr(docs, "close", lambda: None))  # the shard it stopped in, released first
         info = describe(root, manifest, itertools.islice(docs, args.decode))
     print(json.dumps(info, indent=1, ensure_ascii=False) if args.json else format_description(info))
@@ -160,14 +167,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     from dataflow.formats.atomic import atomic_open
-    from dataflow.preprocess.decode import decode_documents
 
     root, manifest = _dataset(args.path)
     with contextlib.ExitStack() as stack:  # -o FILE appears whole, or not at all
         out = stack.enter_context(atomic_open(args.output, "w")) if args.output else sys.stdout
-        files = _shard_files(root, stack)
+        records = _decoded(root, manifest, stack)
         bar = stack.enter_context(_progress(args, manifest.documents, "doc", "decode"))
-        for record in decode_documents(root, manifest, files):
+        for record in records:
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             bar.update(1)
     if args.output:
