@@ -30,6 +30,7 @@ PART = re.compile(r"part-(\d{5})")
 
 def merge(out: str) -> dict[str, Manifest]:
     """Write `index.json` for each split of a task-sliced run at `out`; returns the merged manifests."""
+    out = out.removeprefix("file://")  # a local folder: its manifest is written atomically
     fs, root = _filesystem(out)
     splits = [s for s in ("train", "val") if _call(out, lambda s=s: fs.isdir(posixpath.join(root, s)))]
     merged = {}
@@ -46,10 +47,10 @@ def _merge_split(fs: Any, root: str, url: str) -> Manifest:
     for part, m in manifests[1:]:
         if m.provenance.get("settings") != first.provenance.get("settings"):
             raise DataflowError(f"{output.join(url, part)} was made with other settings than {first_part}; rerun it "
-                              "with the same command as the other tasks (add --overwrite), then merge again")
+                                "with the same command as the other tasks (add --overwrite), then merge again")
         if m.tokenizer != first.tokenizer:
             raise DataflowError(f"{output.join(url, part)} was made with another tokenizer file than {first_part}; "
-                              "rerun it with the same tokenizer (add --overwrite), then merge again")
+                                "rerun it with the same tokenizer (add --overwrite), then merge again")
     shards = [ShardInfo(f"{part}/{s.path}", s.documents, s.tokens, s.bytes, s.sha256)
               for part, m in manifests for s in m.shards]
     provenance = dict(first.provenance)
