@@ -73,6 +73,30 @@ def _dataset(path: str):
     return (os.path.dirname(path) if path.endswith(".json") else path), manifest
 
 
+def _shard_files(root: str, stack: contextlib.ExitStack):
+    """None (shards read in place) for a local dataset; for a URL, shards downloaded one at a time, verified and
+    retried by `Storage`, into a private temporary cache that holds one shard (limit 1 byte: each download
+    evicts the last)."""
+    import tempfile
+
+    from dataflow.formats.reader import Fetched
+    from dataflow.loading.storage import Storage, is_remote
+
+    if not is_remote(root):
+        return None
+    storage = stack.enter_context(Storage(root, stack.enter_context(tempfile.TemporaryDirectory(
+        prefix="dataflow-shards-")), cache_limit=1))
+    return Fetched(storage.url, storage.local_path, lambda shard: storage.release(shard, decoded_copy=False))
+
+
+def _decoded(root: str, manifest, stack: contextlib.ExitStack):
+    """The dataset's documents as text (`decode_documents`), its shards fetched one at a time when remote."""
+    from dataflow.preprocess.decode import decode_documents
+
+    files = _shard_files(root, stack)
+    return decode_documents(root, manifest) if files is None else decode_documents(root, manifest, files=files)
+
+
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from dataflow.formats.writer import parse_size
     from dataflow.preprocess.run import TokenizeConfig, tokenize
@@ -110,11 +134,12 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from dataflow.formats.inspect import describe, format_description
-    from dataflow.preprocess.decode import decode_documents
 
     root, manifest = _dataset(args.path)
-    docs = itertools.islice(decode_documents(root, manifest), args.decode) if args.decode else ()
-    info = describe(root, manifest, docs)
+    with contextlib.ExitStack() as stack:
+        docs = _decoded(root, manifest, stack) if args.decode else iter(())
+        stack.callback(getattr(docs, "close", lambda: None))  # the shard it stopped in, released first
+        info = describe(root, manifest, itertools.islice(docs, args.decode))
     print(json.dumps(info, indent=1, ensure_ascii=False) if args.json else format_description(info))
     return 0
 
@@ -123,8 +148,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from dataflow.formats.verify import verify_dataset
 
     root, manifest = _dataset(args.path)
-    with _progress(args, manifest.bytes, "B", "verify") as bar:
-        problems = verify_dataset(root, manifest, on_shard=lambda s: bar.update(s.bytes))
+    with contextlib.ExitStack() as stack:
+        files = _shard_files(root, stack)
+        bar = stack.enter_context(_progress(args, manifest.bytes, "B", "verify"))
+        problems = verify_dataset(root, manifest, on_shard=lambda s: bar.update(s.bytes), files=files)
     for p in problems:
         print(f"BAD {p.path}: {p.problem}", file=sys.stderr)
     bad = [p for p in problems if p.path != "index.json"]
@@ -140,13 +167,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     from dataflow.formats.atomic import atomic_open
-    from dataflow.preprocess.decode import decode_documents
 
     root, manifest = _dataset(args.path)
     with contextlib.ExitStack() as stack:  # -o FILE appears whole, or not at all
         out = stack.enter_context(atomic_open(args.output, "w")) if args.output else sys.stdout
+        records = _decoded(root, manifest, stack)
         bar = stack.enter_context(_progress(args, manifest.documents, "doc", "decode"))
-        for record in decode_documents(root, manifest):
+        for record in records:
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             bar.update(1)
     if args.output:

@@ -4,60 +4,132 @@ Each task writes `OUT/[split/]part-0000I/` with its own shards and manifest. Mer
 shards, in task order, under one `index.json` per split, without copying a byte of shard data. The
 parts' unit ranges are contiguous in input order, so the merged dataset holds the same documents in
 the same order as a single-machine run.
+
+`OUT` is a local folder or any fsspec URL (`s3://`, `gs://`, ...). A part is finished when its manifest
+is there (a task's commit point); merge refuses, in one line, parts that are unfinished or never started,
+a part whose manifest is damaged, and parts made with other settings or another tokenizer. The merged
+manifest is written last: atomically (temp file + rename) in a folder, by one PUT on an object store.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
+import posixpath
+import re
+from typing import Any
 
-from dataflow.errors import ConfigError, DataflowError
+import fsspec
+
+from dataflow.errors import ConfigError, DataflowError, FormatError, StorageError, cause
+from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest, write_manifest
+from dataflow.formats.remote_errors import explain
+from dataflow.preprocess import output
 
-
-def _split_dirs(out: str) -> list[str]:
-    splits = [os.path.join(out, s) for s in ("train", "val") if os.path.isdir(os.path.join(out, s))]
-    return splits or [out]
+PART = re.compile(r"part-(\d{5})")
 
 
 def merge(out: str) -> dict[str, Manifest]:
-    """Write `index.json` for each split of a task-sliced run; returns the merged manifests."""
+    """Write `index.json` for each split of a task-sliced run at `out`; returns the merged manifests."""
+    out = out.removeprefix("file://")  # a local folder: its manifest is written atomically
+    fs, root = _filesystem(out)
+    splits = [s for s in ("train", "val") if _call(out, lambda s=s: fs.isdir(posixpath.join(root, s)))]
     merged = {}
-    for split_dir in _split_dirs(out):
-        parts = sorted(d for d in os.listdir(split_dir) if d.startswith("part-"))
-        if not parts:
-            raise ConfigError(f"{split_dir}: no part-* folders to merge; was it written with --num-tasks?")
-        first = None
-        missing = []
-        manifests = []
-        for part in parts:
-            path = os.path.join(split_dir, part, MANIFEST_NAME)
-            if not os.path.exists(path):
-                missing.append(part)
-                continue
-            manifests.append((part, read_manifest(path)))
-        if manifests:
-            first = manifests[0][1]
-            expected = first.provenance["settings"]["num_tasks"]
-            present = {int(p.split("-")[1]) for p in parts if p not in missing}
-            missing += [f"part-{i:05d}" for i in range(expected) if i not in present and f"part-{i:05d}" not in missing]
-        if missing or first is None:
-            raise DataflowError(f"{split_dir}: tasks not finished: {', '.join(sorted(missing))}; rerun those "
-                                f"task indices, then merge again")
-        for part, m in manifests[1:]:
-            if m.provenance.get("settings") != first.provenance.get("settings"):
-                raise DataflowError(f"{split_dir}/{part} was made with other settings than part-00000")
-        shards = [ShardInfo(f"{part}/{s.path}", s.documents, s.tokens, s.bytes, s.sha256)
-                  for part, m in manifests for s in m.shards]
-        tokenizer = first.tokenizer
-        if tokenizer.file:
-            shutil.copyfile(os.path.join(split_dir, manifests[0][0], tokenizer.file),
-                            os.path.join(split_dir, tokenizer.file))
-        provenance = dict(first.provenance)
-        provenance.pop("task", None)
-        provenance["parts"] = [part for part, _ in manifests]
-        manifest = Manifest(tokenizer=tokenizer, format=first.format, compression=first.compression,
-                            dtype=first.dtype, shards=shards, provenance=provenance)
-        write_manifest(split_dir, manifest)
-        merged[os.path.relpath(split_dir, out) if split_dir != out else "train"] = manifest
+    for split in splits or [None]:
+        split_url = output.join(out, split) if split else out
+        merged[split or "train"] = _merge_split(fs, posixpath.join(root, split) if split else root, split_url)
     return merged
+
+
+def _merge_split(fs: Any, root: str, url: str) -> Manifest:
+    """Merge the parts under one split (`root` on `fs`, `url` as the user wrote it) and commit the manifest."""
+    manifests = _finished_parts(fs, root, url)
+    first_part, first = manifests[0]
+    for part, m in manifests[1:]:
+        if m.provenance.get("settings") != first.provenance.get("settings"):
+            raise DataflowError(f"{output.join(url, part)} was made with other settings than {first_part}; rerun it "
+                                "with the same command as the other tasks (add --overwrite), then merge again")
+        if m.tokenizer != first.tokenizer:
+            raise DataflowError(f"{output.join(url, part)} was made with another tokenizer file than {first_part}; "
+                                "rerun it with the same tokenizer (add --overwrite), then merge again")
+    shards = [ShardInfo(f"{part}/{s.path}", s.documents, s.tokens, s.bytes, s.sha256)
+              for part, m in manifests for s in m.shards]
+    provenance = dict(first.provenance)
+    provenance.pop("task", None)
+    provenance["parts"] = [part for part, _ in manifests]
+    manifest = Manifest(tokenizer=first.tokenizer, format=first.format, compression=first.compression,
+                        dtype=first.dtype, shards=shards, provenance=provenance)
+    if first.tokenizer.file:  # beside the manifest, where readers look for it; never a shard's bytes
+        _copy_tokenizer(fs, root, url, first_part, first.tokenizer.file)
+    if output.is_remote(url):
+        _call(url, lambda: output.write_remote_manifest(url, manifest))  # the commit point: one PUT
+    else:
+        write_manifest(url, manifest)
+    return manifest
+
+
+def _finished_parts(fs: Any, root: str, url: str) -> list[tuple[str, Manifest]]:
+    """(part, manifest) of every task, in task order; refuses parts unfinished, never started or damaged."""
+    names = sorted(posixpath.basename(p.rstrip("/")) for p in _list(fs, root, url))
+    parts = [n for n in names if PART.fullmatch(n)]
+    if not parts:
+        raise ConfigError(f"{url}: no part-* folders to merge; was it written with --num-tasks?")
+    manifests, unfinished = [], []
+    for part in parts:
+        if _call(url, lambda p=part: fs.exists(posixpath.join(root, p, MANIFEST_NAME))):
+            manifests.append((part, _read_part(url, part)))
+        else:
+            unfinished.append(part)
+    if manifests:
+        expected = manifests[0][1].provenance.get("settings", {}).get("num_tasks", len(parts))
+        unfinished += [f"part-{i:05d}" for i in range(expected) if f"part-{i:05d}" not in parts]
+    if unfinished or not manifests:
+        raise DataflowError(f"{url}: tasks not finished: {', '.join(sorted(unfinished))}; rerun those task "
+                            "indices, then merge again")
+    return manifests
+
+
+def _copy_tokenizer(fs: Any, root: str, url: str, part: str, name: str) -> None:
+    try:
+        _call(url, lambda: fs.copy(posixpath.join(root, part, name), posixpath.join(root, name)))
+    except FileNotFoundError:
+        raise FormatError(f"{output.join(output.join(url, part), name)}: the tokenizer's copy that the part's manifest "
+                          f"names is missing; rerun task {int(part.split('-')[1])} with --overwrite, then merge "
+                          "again") from None
+
+
+def _read_part(url: str, part: str) -> Manifest:
+    try:
+        return read_manifest(output.join(url, part))
+    except FormatError as e:
+        task = int(part.split("-")[1])
+        raise FormatError(f"{output.join(url, part)} cannot be merged, its manifest is damaged ({e}); rerun task "
+                          f"{task} (--task-index {task} --overwrite), then merge again") from None
+
+
+def _filesystem(out: str) -> tuple[Any, str]:
+    """The filesystem of `out` and its path there, with fresh listings (another machine's tasks wrote it)."""
+    try:
+        fs, root = fsspec.core.url_to_fs(out, **remote.with_timeouts(out, None))
+    except (ImportError, ValueError, TypeError) as e:
+        raise (explain(out, e) or ConfigError(f"{out}: cannot open this URL ({e}); fix it")) from cause(e)
+    fs.invalidate_cache()
+    return fs, root.rstrip("/") or root
+
+
+def _list(fs: Any, root: str, url: str) -> list[str]:
+    try:
+        return _call(url, lambda: fs.ls(root, detail=False))
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"{url}: no such folder; pass the -o of the `dataflow tokenize --num-tasks` runs") from None
+
+
+def _call(url: str, do: Any) -> Any:
+    """`do()`, with what a store raises for common mistakes (credentials, network, a server's error) as one line;
+    "not found" is left to the caller, who knows what was looked for."""
+    try:
+        return do()
+    except (DataflowError, FileNotFoundError, NotADirectoryError):
+        raise
+    except Exception as e:
+        raise (explain(url, e) or StorageError(f"{url}: {remote.describe(e)}; check the URL, the credentials and "
+                                               "the server, then merge again")) from cause(e)
