@@ -14,7 +14,8 @@ import posixpath
 
 import fsspec
 
-from dataflow.errors import ConfigError, InputError, InputNotFoundError
+from dataflow.errors import ConfigError, InputError, InputNotFoundError, MissingDependencyError
+from dataflow.formats.remote_errors import missing_backend
 from dataflow.preprocess.readers import datasets_folder
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -53,9 +54,20 @@ def expand_inputs(inputs: list[str]) -> list[str]:
     for item in inputs:
         try:
             files += _expand_one(item)
+        except ImportError as e:
+            raise _missing(item, e) from None
         except (OSError, ValueError) as e:
             raise InputError(f"{item}: cannot list or open ({type(e).__name__}: {e})") from None
     return list(dict.fromkeys(files))
+
+
+def _missing(item: str, e: ImportError) -> MissingDependencyError:
+    """The package that reads `item`'s scheme is not installed: which one, and how to install it."""
+    scheme = item.split("://", 1)[0].lower()
+    if scheme == "hf":  # huggingface_hub's HfFileSystem; it reads HF_TOKEN itself
+        return MissingDependencyError(f"{item}: reading hf:// URLs needs huggingface_hub, which is not installed; "
+                                      f"run: pip install huggingface_hub")
+    return missing_backend(item, e)
 
 
 def _expand_one(item: str) -> list[str]:
