@@ -176,3 +176,13 @@ def test_hf_without_huggingface_hub_is_one_line_saying_what_to_install(tmp_path,
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert "pip install huggingface_hub" in err and "hf://datasets/org/corpus/data/*.parquet" in err
+
+
+
+@pytest.mark.parametrize("url", ["hf://datasets/org/secret/data/*.parquet", "hf://datasets/org/secret",
+                                 "hf://datasets/org/corpus/data/*.jsonl"])
+def test_a_hub_dataset_not_found_is_one_line_that_names_hf_token(hub, capsys, url):
+    """The Hub answers "not found" for a private or gated dataset without a token that can read it."""
+    code = main(["tokenize", url, "-o", str(hub / "out"), "--tokenizer", "bytes", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and url in err and "set HF_TOKEN" in err
