@@ -14,7 +14,8 @@ import posixpath
 
 import fsspec
 
-from dataflow.errors import ConfigError, InputError, InputNotFoundError
+from dataflow.errors import ConfigError, InputError, InputNotFoundError, MissingDependencyError
+from dataflow.formats.remote_errors import explain, missing_backend
 from dataflow.preprocess.readers import datasets_folder
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -53,9 +54,31 @@ def expand_inputs(inputs: list[str]) -> list[str]:
     for item in inputs:
         try:
             files += _expand_one(item)
+        except ImportError as e:
+            raise _missing(item, e) from None
         except (OSError, ValueError) as e:
-            raise InputError(f"{item}: cannot list or open ({type(e).__name__}: {e})") from None
+            raise explain(item, e) or \
+                InputError(f"{item}: cannot list or open ({type(e).__name__}: {_first_line(e)})") from None
     return list(dict.fromkeys(files))
+
+
+def _missing(item: str, e: ImportError) -> MissingDependencyError:
+    """The package that reads `item`'s scheme is not installed: which one, and how to install it."""
+    scheme = item.split("://", 1)[0].lower()
+    if scheme == "hf":  # huggingface_hub's HfFileSystem; it reads HF_TOKEN itself
+        return MissingDependencyError(f"{item}: reading hf:// URLs needs huggingface_hub, which is not installed; "
+                                      f"run: pip install huggingface_hub")
+    return missing_backend(item, e)
+
+
+def _hub_hint(item: str) -> str:
+    """The Hub answers "not found" for a private or gated dataset the token in use cannot read."""
+    return ("; a private or gated Hub dataset reads as missing without a token that can read it: set HF_TOKEN"
+            if item.lower().startswith("hf://") else "")
+
+
+def _first_line(e: BaseException) -> str:
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
 
 
 def _expand_one(item: str) -> list[str]:
@@ -71,9 +94,10 @@ def _expand_one(item: str) -> list[str]:
             elif fs.exists(p):
                 found.append(p)
             else:
-                raise InputNotFoundError(f"{item}: no such file or directory; check the path")
+                raise InputNotFoundError(f"{item}: no such file or directory; check the path{_hub_hint(item)}")
     if not found:
-        raise InputNotFoundError(f"{item}: matched no input files; check the path or pattern (inputs: {INPUT_TYPES})")
+        raise InputNotFoundError(f"{item}: matched no input files; check the path or pattern{_hub_hint(item)} "
+                                 f"(inputs: {INPUT_TYPES})")
     return [f if protocol in ("file", "local") else fs.unstrip_protocol(f) for f in found]
 
 
