@@ -131,12 +131,15 @@ def _from_aiohttp(e: BaseException) -> bool:
 
 
 def status(e: BaseException) -> int | None:
-    """The HTTP status of a server's answer (aiohttp's ClientResponseError, gcsfs's HttpError), else None;
+    """The HTTP status of a server's answer (aiohttp's ClientResponseError, gcsfs's HttpError, an error carrying
+    its `response`), else None;
     aiohttp's errors about a broken transfer also carry a code, which is not the server's."""
     if _from_aiohttp(e):
         s = getattr(e, "status", None) if hasattr(e, "request_info") else None
     else:
         s = getattr(e, "status", None) or getattr(e, "code", None)
+        if s is None:  # huggingface_hub's HfHubHTTPError, httpx: on the response
+            s = getattr(getattr(e, "response", None), "status_code", None)
     return s if isinstance(s, int) and 100 <= s < 600 else None
 
 

@@ -16,7 +16,8 @@ from dataflow.errors import (ConfigError, CredentialsError, DataflowError, Missi
 # scheme -> (package, the extra that provides it)
 BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
             "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure"),
-            "adl": ("adlfs", "azure"), "http": ("aiohttp", None), "https": ("aiohttp", None)}
+            "adl": ("adlfs", "azure"), "http": ("aiohttp", None), "https": ("aiohttp", None),
+            "hf": ("huggingface_hub", None)}
 DOCS = "see docs/object-storage.md"
 CREDENTIALS_HINT = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "

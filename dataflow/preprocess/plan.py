@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import fsspec
 
-from dataflow.preprocess.readers import input_kind, spans, splits_into_pieces
+from dataflow.preprocess.readers import input_kind, parquet, spans, splits_into_pieces
 
 DEFAULT_UNIT_BYTES = 32 * 1024 * 1024
 
@@ -62,6 +62,9 @@ def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES, sizes: li
     when known, saves asking for them again; `names`: each file's name in derived ids, by default its base
     name."""
     sizes = file_sizes(files) if sizes is None else sizes
+    kinds = [input_kind(f) for f in files]
+    parquet.read_plans([f for f, k in zip(files, kinds) if k == "parquet"],  # many footers at once, not serially
+                       [s for s, k in zip(sizes, kinds) if k == "parquet"])
     units: list[Unit] = []
     for file, size in zip(files, sizes):
         name = (names or {}).get(file) or file.rstrip("/").rsplit("/", 1)[-1]

@@ -207,7 +207,8 @@ def read_errors(url: str) -> Iterator[None]:
     except (zstandard.ZstdError, gzip.BadGzipFile, zlib.error, lzma.LZMAError) as e:
         raise damaged(url, str(e)) from cause(e)
     except OSError as e:  # bz2 says "Invalid data stream" with an OSError
-        raise InputError(f"{url}: cannot read ({type(e).__name__}: {e})") from cause(e)
+        first = (str(e).strip().splitlines() or [""])[0]  # a backend's message may span lines (huggingface_hub)
+        raise InputError(f"{url}: cannot read ({type(e).__name__}: {first})") from cause(e)
 
 
 @contextlib.contextmanager
