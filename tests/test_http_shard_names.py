@@ -4,11 +4,9 @@ name; a path whose percent-decoded form leaves the dataset is refused before any
 A real HTTP server on 127.0.0.1 serves a folder; it records every path it is asked for.
 """
 
-import http.server
 import json
 import os
 import shutil
-import threading
 from urllib.parse import unquote
 
 import numpy as np
@@ -17,6 +15,7 @@ import torch
 
 from dataflow import FormatError, ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
 from dataflow.formats import remote
+from http_files import serve
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 SEQ = 16
@@ -24,46 +23,11 @@ ODD_NAMES = ["shard #1.arrow", "what?.arrow", "100%.arrow", "sub dir/ü ñ.arrow
              "%41.arrow"]
 
 
-class _Files(http.server.BaseHTTPRequestHandler):
-    """GET and HEAD of the files under the server's root; every raw request path is recorded."""
-
-    def _file(self):
-        self.server.asked.append(self.path)
-        rel = unquote(self.path.split("?", 1)[0]).lstrip("/")
-        full = os.path.join(self.server.root, rel)
-        if ".." in rel.split("/") or not os.path.isfile(full):
-            self.send_error(404)
-            return None
-        with open(full, "rb") as f:
-            body = f.read()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        return body
-
-    def do_GET(self):  # noqa: N802
-        body = self._file()
-        if body is not None:
-            self.wfile.write(body)
-
-    def do_HEAD(self):  # noqa: N802
-        self._file()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def served(tmp_path):
     """(folder served, its URL, the request paths seen)."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    srv.daemon_threads, srv.root, srv.asked = True, str(tmp_path / "www"), []
-    os.makedirs(srv.root)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield tmp_path / "www", f"http://127.0.0.1:{srv.server_address[1]}", srv.asked
-    srv.shutdown()
-    srv.server_close()
+    with serve(tmp_path / "www") as (url, asked, failing):
+        yield tmp_path / "www", url, asked
 
 
 def _dataset(out, compression):

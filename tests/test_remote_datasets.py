@@ -4,19 +4,17 @@ shard, the part or the server when something is wrong."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
 import subprocess
-import threading
-from urllib.parse import unquote
 
 import pytest
 
 from conftest import GPT2_JSON
 from dataflow.cli import main
 from dataflow.formats import remote
+from http_files import serve
 from s3_server import moto_s3
 from test_tokenize_scale import DATAFLOW
 
@@ -155,47 +153,11 @@ def test_verify_names_each_damaged_shard_on_s3(s3, src, tmp_path, capsys):
 
 
 # --- over HTTP --------------------------------------------------------------------------------------
-class _Files(http.server.BaseHTTPRequestHandler):
-    """GET and HEAD of the files under the server's root; paths in `server.failing` answer 500."""
-
-    def _file(self):
-        rel = unquote(self.path.split("?", 1)[0]).lstrip("/")
-        full = os.path.join(self.server.root, rel)
-        if any(rel.endswith(f) for f in self.server.failing):
-            self.send_error(500)
-            return None
-        if ".." in rel.split("/") or not os.path.isfile(full):
-            self.send_error(404)
-            return None
-        with open(full, "rb") as f:
-            body = f.read()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        return body
-
-    def do_GET(self):  # noqa: N802
-        body = self._file()
-        if body is not None:
-            self.wfile.write(body)
-
-    def do_HEAD(self):  # noqa: N802
-        self._file()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def served(tmp_path):
     """(the folder served, its URL, the set of path endings that answer 500)."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    srv.daemon_threads, srv.root, srv.failing = True, str(tmp_path / "www"), set()
-    os.makedirs(srv.root)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield tmp_path / "www", f"http://127.0.0.1:{srv.server_address[1]}", srv.failing
-    srv.shutdown()
-    srv.server_close()
+    with serve(tmp_path / "www") as (url, asked, failing):
+        yield tmp_path / "www", url, failing
 
 
 @pytest.mark.parametrize("fmt", ["arrow", "tar"])
