@@ -83,8 +83,8 @@ def make_loader(s: RunSettings, **options: Any) -> Any:
     from dataflow.loading.dataset import StreamingDataset
     from dataflow.loading.loader import StreamingDataLoader
 
-    window = {} if s.shuffle_window is None else {"shuffle_window": s.shuffle_window}
-    ds = StreamingDataset(s.data, seq_len=s.seq_len, seed=s.seed, **window)
+    shuffle = {} if s.shuffle_window is None else {"shuffle_window": s.shuffle_window}
+    ds = StreamingDataset(s.data, seq_len=s.seq_len, seed=s.seed, **shuffle)
     return StreamingDataLoader(ds, batch_size=s.batch_size, num_workers=s.num_workers, **options)
 
 
