@@ -1,7 +1,7 @@
 """Give freed memory back to the operating system.
 
-glibc keeps freed blocks in its arenas (one per thread that allocated them), so a process that decoded a
-shard or dropped a tokenizer's cache stays as large as it was at its peak; `malloc_trim` returns them.
+glibc keeps freed memory in its arenas (one per thread that allocated it), so a process that decoded a
+shard or dropped a tokenizer's cache stays as large as it was at its peak; `malloc_trim` returns it.
 """
 
 from __future__ import annotations

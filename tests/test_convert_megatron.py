@@ -116,7 +116,7 @@ def test_small_batches_and_windows_give_the_same_dataset(tmp_path, capsys, monke
     convert(capsys, "--from", "megatron", str(tmp_path / "mg"), "-o", str(tmp_path / "a"), "--tokenizer", "bytes")
     monkeypatch.setattr(common, "BATCH_TOKENS", 7)
     monkeypatch.setattr("dataflow.convert.run.BATCH_TOKENS", 7)
-    monkeypatch.setattr(megatron, "WINDOW_DOCS", 13)
+    monkeypatch.setattr(megatron, "DOCS_PER_READ", 13)
     code, _, err = convert(capsys, "--from", "megatron", str(tmp_path / "mg"), "-o", str(tmp_path / "b"),
                            "--tokenizer", "bytes")
     assert code == 0, err

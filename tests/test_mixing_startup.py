@@ -99,8 +99,8 @@ def test_resume_never_refetches_finished_shards(sources, monkeypatch):
     for _ in range(len(loader) * 2 // 3):
         next(it)
     state = loader.state_dict()
-    current_block = int(order.block_of(state["consumed"]))
-    finished = set(ds.streams[0][order.order[:current_block * 2]].tolist())
+    current_window = int(order.window_of(state["consumed"]))
+    finished = set(ds.streams[0][order.order[:current_window * 2]].tolist())
     opened = []
     real = reader_module.ShardReader.shard
 

@@ -108,21 +108,21 @@ def test_monitor_over_prefetcher_sees_no_wait_when_compute_bound():
     assert s["steps"] == 10 and s["data_wait_pct"] < 15
 
 
-def test_pinned_ring_allocates_once_per_slot_and_layout(monkeypatch):
-    """The CUDA staging ring, exercised on CPU with pinning stubbed out: no allocation per batch."""
-    from dataflow.loading.prefetch import PrefetchStats, _PinnedRing
+def test_staging_slots_allocate_once_per_slot_and_layout(monkeypatch):
+    """The CUDA staging slots, exercised on CPU with pinning stubbed out: no allocation per batch."""
+    from dataflow.loading.prefetch import PrefetchStats, _StagingSlots
 
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
     stats = PrefetchStats()
-    ring = _PinnedRing(3, stats)
+    staging = _StagingSlots(3, stats)
     batch = {"input_ids": torch.zeros(8, 16, dtype=torch.int64), "labels": torch.zeros(8, 16, dtype=torch.int64)}
     slots = set()
     for _ in range(50):
-        i, slot = ring.take(batch)
+        i, slot = staging.take(batch)
         slots.add(id(slot["input_ids"]))
     assert stats.host_allocations == 3 and len(slots) == 3  # warm-up only, then reused
-    ring.take({"input_ids": torch.zeros(3, 16, dtype=torch.int64)})  # a new layout (a last partial batch)
+    staging.take({"input_ids": torch.zeros(3, 16, dtype=torch.int64)})  # a new layout (a last partial batch)
     assert stats.host_allocations == 4
 
 

@@ -115,23 +115,43 @@ def test_fetch_cpu_time_on_the_real_clock_counts_at_least_the_work_done():
     assert b["fetch_cpu_s"] >= 0.15 and b["data_wait_s"] >= 0.15
 
 
-def test_reset_window_reports_each_interval():
+def test_reset_interval_reports_each_interval():
     clock = SimClock()
     mon = clock.monitor()
-    mon.reset_window()
+    mon.reset_interval()
     batches = mon.wrap(fake_loader(clock, 4, slow={0: 0.05, 3: 0.05}))
     for i in range(2):
         next(batches)
         with mon.step():
             clock.sleep(0.02)
-    wait1, wall1 = mon.reset_window()
+    wait1, wall1 = mon.reset_interval()
     for i in range(2):
         next(batches)
         with mon.step():
             clock.sleep(0.02)
-    wait2, wall2 = mon.reset_window()
+    wait2, wall2 = mon.reset_interval()
     assert wait1 == pytest.approx(0.05) and wait2 == pytest.approx(0.05)
     assert wall1 == pytest.approx(0.09) and wall2 == pytest.approx(0.09)
+
+
+def test_reset_window_still_works_but_warns_it_is_now_reset_interval():
+    """The old name (before "window" meant only the shuffle window) keeps working, with a DeprecationWarning,
+    and shares its interval with `reset_interval`: the two may be mixed during a migration."""
+    clock = SimClock()
+    mon = clock.monitor()
+    with pytest.warns(DeprecationWarning, match="reset_interval"):
+        mon.reset_window()
+    batches = mon.wrap(fake_loader(clock, 4, slow={0: 0.05, 2: 0.07}))
+    for _ in range(2):
+        next(batches)
+        with mon.step():
+            clock.sleep(0.02)
+    wait1, wall1 = mon.reset_interval()
+    next(batches)
+    with pytest.warns(DeprecationWarning):
+        wait2, wall2 = mon.reset_window()
+    assert (wait1, wall1) == (pytest.approx(0.05), pytest.approx(0.09))
+    assert (wait2, wall2) == (pytest.approx(0.07), pytest.approx(0.07))  # one batch, no step since
 
 
 class FakeLoader:

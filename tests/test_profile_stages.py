@@ -20,14 +20,14 @@ def small_ds(tmp_path_factory):
 
 
 def slow_reads(monkeypatch, seconds):
-    """Every window read (decompressed record batches -> tokens) sleeps: inherited by forked workers."""
-    original = OpenShard.window
+    """Every sample read (decompressed record batches -> tokens) sleeps: inherited by forked workers."""
+    original = OpenShard.token_run
 
-    def window(self, start, length):
+    def token_run(self, start, length):
         time.sleep(seconds)
         return original(self, start, length)
 
-    monkeypatch.setattr(OpenShard, "window", window)
+    monkeypatch.setattr(OpenShard, "token_run", token_run)
 
 
 @pytest.fixture

@@ -134,7 +134,7 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
     stop = StopFlag(announce=d.is_main)
     stop_at = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
     say_what_is_ahead(run, stop_at)
-    mon.reset_window()
+    mon.reset_interval()
     try:
         loss, val_loss = steps(run, batches, mon, stop, stop_at)
     finally:
@@ -354,7 +354,7 @@ def rollback_target(run: Run) -> str | None:
 def log_interval(run: Run, r: StepResult, mon: Any, interval: Interval) -> None:
     """One metrics record for the steps since the last one."""
     d = run.d
-    wait_s, wall_s = mon.reset_window()
+    wait_s, wall_s = mon.reset_interval()
     tps = interval.tokens / interval.elapsed()
     peak = run.peak_flops
     rec = {"step": run.step, "loss": interval.mean_loss(), "lr": r.lr, "grad_norm": r.grad_norm,

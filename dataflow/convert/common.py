@@ -52,7 +52,7 @@ def refuse_existing(paths: list[str], overwrite: bool) -> None:
 
 @contextlib.contextmanager
 def dataset_output(out: str, overwrite: bool) -> Iterator[str]:
-    """A temp folder beside `out` to write the dataset into; renamed over `out` when the block succeeds,
+    """A temp folder beside `out` to write the dataset into; renamed over `out` when the `with` body succeeds,
     removed when it fails: `out` holds the old dataset or the whole new one, never part of one."""
     refuse_existing([out], overwrite)
     parent = os.path.dirname(os.path.abspath(out))

@@ -9,7 +9,7 @@ The layout is megatron-core's (megatron/core/datasets/indexed_dataset.py, `_Inde
     PREFIX.bin  the sequences' tokens end to end, in the dtype of the code.
 
 `IndexedDataset[i]` is a sequence; one of our documents is one Megatron *document* (its sequences laid end
-to end). Both files are memory-mapped and read a window of documents at a time: memory stays bounded.
+to end). Both files are memory-mapped and read `DOCS_PER_READ` documents at a time: memory stays bounded.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.
           8: np.uint16}
 CODES = {np.dtype(t): c for c, t in DTYPES.items()}
 UINT16_BELOW = 65_500  # Megatron's DType.optimal_dtype: uint16 below this vocabulary size, else int32
-WINDOW_DOCS = 1 << 16  # documents whose index entries are read at once
+DOCS_PER_READ = 1 << 16  # documents whose index entries are read at once
 
 
 def paths(prefix: str) -> tuple[str, str]:
@@ -115,8 +115,8 @@ def document_batches(index: MegatronIndex, batch_tokens: int) -> Iterator[tuple[
         raise FormatError(f"{bin_path}: {index.bin_bytes} bytes is not a whole number of {index.dtype.name} tokens")
     data = np.memmap(bin_path, dtype=index.dtype, mode="r") if index.bin_bytes else np.zeros(0, index.dtype)
     next_token = 0  # where the next sequence must start, in tokens
-    for lo in range(0, index.documents, WINDOW_DOCS):
-        hi = min(lo + WINDOW_DOCS, index.documents)
+    for lo in range(0, index.documents, DOCS_PER_READ):
+        hi = min(lo + DOCS_PER_READ, index.documents)
         di = np.asarray(index.doc_index[lo:hi + 1])
         if np.any(np.diff(di) < 0):
             raise FormatError(f"{idx_path}: document indices decrease near document {lo}: the index is damaged")

@@ -302,7 +302,7 @@ def decode_arrow_shard(src: str, dst: str, source_sha256: str, name: str | None 
         raise FormatError(f"{name or src}: cannot decode this Arrow shard ({_one_line(e)}); run `dataflow verify`") \
             from None
     finally:
-        pa.system_memory_pool().release_unused()  # glibc keeps freed blocks in its arenas otherwise
+        pa.system_memory_pool().release_unused()  # glibc keeps freed memory in its arenas otherwise
     return os.path.getsize(dst)
 
 

@@ -37,7 +37,7 @@ class StreamingDataset(IterableDataset):
         source: a dataset folder or URL; a list of them (their shards are read as one dataset); or
             `{path: weight}` to mix datasets: each source goes through its own epochs, and over any
             prefix each is within one sample of its share (see `mixing.py`).
-        seq_len: pack documents into windows of seq_len+1 tokens; None yields whole documents.
+        seq_len: pack documents into samples of seq_len+1 tokens; None yields whole documents.
         shuffle, seed: the epoch order is a pure function of (seed, epoch, manifest).
         shuffle_window: shards whose samples are shuffled together; memory holds about this many
             decompressed shards. Larger is more random.
@@ -88,7 +88,7 @@ class StreamingDataset(IterableDataset):
         if self.num_samples == 0:
             if self.seq_len:
                 longest = max((s.tokens for _, s in self.shards), default=0)
-                raise ConfigError(f"{what}: no window of seq_len+1 = {self.seq_len + 1} tokens fits in a shard (the "
+                raise ConfigError(f"{what}: no sample of seq_len+1 = {self.seq_len + 1} tokens fits in a shard (the "
                                   f"largest holds {longest} tokens); lower seq_len or write larger shards")
             raise ConfigError(f"{what}: the dataset holds no document")
         _, world = self.rank_world()
@@ -116,7 +116,7 @@ class StreamingDataset(IterableDataset):
 
     @property
     def dropped_tokens(self) -> int:
-        """Tokens of shard tails too short for a window (counted, not served)."""
+        """Tokens of shard tails too short for a sample (counted, not served)."""
         return self.index.dropped_tokens
 
     @property
@@ -197,17 +197,17 @@ class StreamingDataset(IterableDataset):
         return {k: ((batch_size, self.seq_len), np.int64) for k in fields}
 
     def fill(self, ids: np.ndarray, out: dict[str, np.ndarray], epoch: int | None = None) -> FillReport:
-        """Write the packed windows of global sample `ids` of `epoch` (default: the current one) into the
+        """Write the packed samples of global sample `ids` of `epoch` (default: the current one) into the
         first rows of `out` (arrays of `batch_layout`); reports the seconds of each stage (`stages.STAGES`)
         and this process's decoded-cache counts (`stages.TOTALS`)."""
         opening = OpenTimes()
         t0 = time.perf_counter()
-        shard_ids, within, blocks = self.index.locate(ids, self.epoch if epoch is None else epoch)
-        self.reader.advance(blocks)
+        shard_ids, within, windows = self.index.locate(ids, self.epoch if epoch is None else epoch)
+        self.reader.advance(windows)
         t1 = time.perf_counter()
-        windows = self.reader.windows(shard_ids, within, opening)  # opens shards (fetch), decompresses (read)
+        samples = self.reader.samples(shard_ids, within, opening)  # opens shards (fetch), decompresses (read)
         t2 = time.perf_counter()
-        self.reader.pack(windows, shard_ids, within, out)
+        self.reader.pack(samples, shard_ids, within, out)
         t3 = time.perf_counter()
         self.reader.evict_finished()
         waited = opening.fetch + opening.decode
@@ -217,8 +217,8 @@ class StreamingDataset(IterableDataset):
 
     def documents(self, ids: np.ndarray, epoch: int | None = None) -> dict[str, Any]:
         """Whole documents of global sample `ids` (no `seq_len`): {"tokens": [LongTensor], "id": [str]}."""
-        shard_ids, within, blocks = self.index.locate(ids, self.epoch if epoch is None else epoch)
-        self.reader.advance(blocks)
+        shard_ids, within, windows = self.index.locate(ids, self.epoch if epoch is None else epoch)
+        self.reader.advance(windows)
         docs = self.reader.documents(shard_ids, within)
         self.reader.evict_finished()
         return docs
@@ -245,7 +245,7 @@ class StreamingDataset(IterableDataset):
         else:
             shard_ids, within = np.array([k]), np.array([j])
             out = {name: np.empty(shape, dtype) for name, (shape, dtype) in self.batch_layout(1).items()}
-            self.reader.pack(self.reader.windows(shard_ids, within, OpenTimes()), shard_ids, within, out)
+            self.reader.pack(self.reader.samples(shard_ids, within, OpenTimes()), shard_ids, within, out)
             sample = {name: torch.from_numpy(v[0]) for name, v in out.items()}
         self.reader.bound(self.shuffle_window)  # random access keeps a bounded set of shards open
         return sample

@@ -8,7 +8,7 @@ The main process allocates, once, before the workers start:
 
 Per batch, worker `w` (which builds the batches b with b % num_workers == w, in order) takes a `free`
 permit, fills a FREE slot of its own with `source.fill` (the `BatchSource` contract, contract.py), marks
-it FILLED, writes the slot's number into its small `fills` ring and posts `ready`. The main process
+it FILLED, writes the slot's number into `fills`, a circular list, and posts `ready`. The main process
 waits on `ready`, reads which slot holds batch b, marks it LENT and yields tensors made from fresh numpy
 views of that slot; a `_Lease` watches those views with weak references (each tensor, and every view of
 it, keeps its view alive). When the last is garbage, the slot is marked FREE and `free` posted, by the

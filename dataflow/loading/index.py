@@ -2,7 +2,7 @@
 where each global sample of an epoch lives. Pure: it reads no shard and keeps no position (the only
 state is a memo of epoch orders, a pure function of seed, epoch and manifest).
 
-A sample is a packed window of `seq_len + 1` consecutive tokens of one shard's token stream (stride
+A sample is a packed run of `seq_len + 1` consecutive tokens of one shard's token stream (stride
 `seq_len`, so every token is a label once), or, without `seq_len`, one document. A stream is a run
 of shards with its own epoch order: one for a path or a list (read as one dataset), one per source
 when mixing, each source then going through its own epochs (see `mixing.py`).
@@ -21,7 +21,7 @@ from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta
 from dataflow.loading.mixing import Blend
 from dataflow.loading.shuffle import EpochOrder
 
-Blocks = dict[int, tuple[int, int]]  # stream -> (its epoch, shuffle block) of the last sample located
+CurrentWindows = dict[int, tuple[int, int]]  # stream -> (its epoch, shuffle window) of the last sample located
 
 
 class SampleIndex:
@@ -76,30 +76,30 @@ class SampleIndex:
                                            self.shuffle_window, stream=stream)
         return self._orders[key]
 
-    def locate(self, ids: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray, Blocks]:
-        """Global sample ids of `epoch` -> (shard index, sample index in the shard, the shuffle block of
-        each stream's last sample): where to read, and which blocks are current once it is read."""
+    def locate(self, ids: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray, CurrentWindows]:
+        """Global sample ids of `epoch` -> (shard index, sample index in the shard, the shuffle window of
+        each stream's last sample): where to read, and which windows are current once it is read."""
         ids = np.asarray(ids, dtype=np.int64)
-        blocks: Blocks = {}
+        windows: CurrentWindows = {}
         if self.blend is None:
-            shards, within = self._locate_in(0, epoch, ids, blocks)
-            return shards, within, blocks
+            shards, within = self._locate_in(0, epoch, ids, windows)
+            return shards, within, windows
         shards, within = np.empty_like(ids), np.empty_like(ids)
         totals = [int(self.counts[stream].sum()) for stream in self.streams]
         for s, e, g, idx in self.blend.split(epoch * self.num_samples + ids, totals):
-            shards[idx], within[idx] = self._locate_in(s, e, g, blocks)
-        return shards, within, blocks
+            shards[idx], within[idx] = self._locate_in(s, e, g, windows)
+        return shards, within, windows
 
-    def _locate_in(self, stream: int, epoch: int, g: np.ndarray, blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
+    def _locate_in(self, stream: int, epoch: int, g: np.ndarray, windows: CurrentWindows) -> tuple[np.ndarray, np.ndarray]:
         order = self.order(stream, epoch)
         k, j = order.locate(g)
         if len(g):
-            blocks[stream] = (epoch, int(order.block_of(int(g[-1]))))
+            windows[stream] = (epoch, int(order.window_of(int(g[-1]))))
         return self.streams[stream][k], j
 
-    def block_shards(self, stream: int, epoch: int, block: int) -> list[int]:
-        """Shard indices of one shuffle block of a stream's epoch."""
-        return self.streams[stream][self.order(stream, epoch).block_shards(block)].tolist()
+    def window_shards(self, stream: int, epoch: int, window: int) -> list[int]:
+        """Shard indices of one shuffle window of a stream's epoch."""
+        return self.streams[stream][self.order(stream, epoch).window_shards(window)].tolist()
 
     def stored(self, i: int) -> tuple[int, int]:
         """Sample `i` in stored order (shards in manifest order, unshuffled) -> (shard index, sample in it)."""

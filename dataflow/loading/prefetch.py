@@ -6,8 +6,8 @@ bounded queue. On CUDA:
   `pinned=True`) are copied straight to the device with `non_blocking=True` on a side stream; the
   thread keeps the host batch referenced until its copy has finished, then drops it, which hands a
   loader slot back to the workers;
-- other batches are first copied into one of a ring of pinned, reused host slots (a slot is refilled
-  only after its previous copy finished), then to the device the same way.
+- other batches are first copied into one of a few pinned staging slots, reused in turn (a slot is
+  refilled only after its previous copy finished), then to the device the same way.
 The consumer's stream waits on each batch's event and the device tensors are `record_stream`-ed, so
 the caching allocator never hands their memory out early. On CPU the thread gives the overlap alone.
 
@@ -59,8 +59,9 @@ class _Failure:
         self.exc = exc
 
 
-class _PinnedRing:
-    """`size` pinned host copies of one batch layout, reused round-robin."""
+class _StagingSlots:
+    """`size` pinned host copies of one batch layout, reused round-robin (a batch is staged in one before its
+    copy to the device)."""
 
     def __init__(self, size: int, stats: PrefetchStats):
         self.size, self.stats = size, stats
@@ -106,7 +107,7 @@ class DevicePrefetcher:
         if self._cuda and not torch.cuda.is_available():
             raise ConfigError(f"DevicePrefetcher(device={str(device)!r}): CUDA is not available here (torch "
                               f"{torch.__version__}, {torch.cuda.device_count()} GPUs visible); use device='cpu'")
-        if isinstance(batches, LendingLoader):  # it sizes its slot ring for what this queue holds
+        if isinstance(batches, LendingLoader):  # it sizes its `SlotRing` for what this queue holds
             batches.reserve_held(depth + 2)
             if pinned is None:
                 pinned = batches.pinned
@@ -117,7 +118,7 @@ class DevicePrefetcher:
         self._pending: deque = deque()  # items read ahead and not yet yielded (after a break)
         self._producer: Producer | None = None  # the thread of the current iteration
         self._generation = 0  # the newest iterator; an older one raises if it is resumed
-        self._ring: _PinnedRing | None = None
+        self._staging: _StagingSlots | None = None
         self._last_event: _TimedEvent | None = None
         self._state: dict[str, Any] | None = None
 
@@ -157,8 +158,8 @@ class DevicePrefetcher:
         in_flight: deque = deque()  # (event, host batch) of direct copies: the host memory stays referenced
         try:
             stream = torch.cuda.Stream(device=self.device) if self._cuda else None
-            if self._cuda and not self.pinned and self._ring is None:
-                self._ring = _PinnedRing(self.depth + 1, self.stats)
+            if self._cuda and not self.pinned and self._staging is None:
+                self._staging = _StagingSlots(self.depth + 1, self.stats)
             while not p.stopped:
                 t0 = time.perf_counter()
                 batch = next(it, _DONE)
@@ -204,11 +205,11 @@ class DevicePrefetcher:
         """Copy `batch` into a pinned staging slot, then launch its copy to the device."""
         single = torch.is_tensor(batch)
         b = {"_": batch} if single else batch
-        i, slot = self._ring.take(b)
+        i, slot = self._staging.take(b)
         for k, host in slot.items():
             host.copy_(b[k])
         out, event = self._copy({**b, **slot}, stream)
-        self._ring.events[i] = event
+        self._staging.events[i] = event
         return (out["_"] if single else out), event
 
     # --- consumer -------------------------------------------------------------------------------

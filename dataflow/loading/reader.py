@@ -1,9 +1,9 @@
 """`ShardReader`: the shards one process has open, the work ahead of it, and what it lets go.
 
 Each process that builds batches (the main process, or a loader worker with its own copy) has one.
-It is told which shuffle block of each stream is current (`advance`): it then downloads/decodes
-that block's shards and the next block's in the background (the "work-ahead", `storage.fetch_ahead`),
-and, once a batch is read (`evict_finished`), closes shards outside the current blocks: they are done
+It is told which shuffle window of each stream is current (`advance`): it then downloads/decodes
+that window's shards and the next window's in the background (the "work-ahead", `storage.fetch_ahead`),
+and, once a batch is read (`evict_finished`), closes shards outside the current windows: they are done
 for the epoch. Opening a shard times itself into the caller's `OpenTimes`, never into the reader.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dataflow.loading import decoded as decoded_mod
-from dataflow.loading.index import Blocks, SampleIndex
+from dataflow.loading.index import CurrentWindows, SampleIndex
 from dataflow.loading.shards import OpenShard
 from dataflow.loading.storage import Storage, fetch_ahead
 
@@ -40,8 +40,8 @@ class ShardReader:
                    for m in index.manifests]
         self._decoded = decoded_mod.usable(storages, decoded)  # a read-only cache: decode here
         self._open: dict[int, OpenShard] = {}
-        self._current: Blocks = {}  # stream -> (its epoch, block) last read
-        self._blocks_key: tuple = ()
+        self._current: CurrentWindows = {}  # stream -> (its epoch, window) last read
+        self._kept_key: tuple = ()
         self._ahead_key: tuple = ()
 
     def shard(self, k: int, times: OpenTimes | None = None) -> OpenShard:
@@ -63,27 +63,27 @@ class ShardReader:
                 times.fetch += time.perf_counter() - t0 - waited
         return shard
 
-    def advance(self, blocks: Blocks) -> None:
-        """These blocks are now current: when one starts, fetch it and the next one ahead, several shards
+    def advance(self, windows: CurrentWindows) -> None:
+        """These shuffle windows are now current: when one starts, fetch it and the next one ahead, several shards
         at once, while the batch reads the first it needs."""
-        self._current.update(blocks)
+        self._current.update(windows)
         key = tuple(sorted(self._current.items()))
         if key == self._ahead_key:
             return
         self._ahead_key = key
-        ahead = [self.index.shards[k] for stream, (epoch, block) in self._current.items() for b in (block, block + 1)
-                 for k in self.index.block_shards(stream, epoch, b)]
+        ahead = [self.index.shards[k] for stream, (epoch, window) in self._current.items()
+                 for w in (window, window + 1) for k in self.index.window_shards(stream, epoch, w)]
         fetch_ahead(self.storages, ahead, self._decoded)
 
     def evict_finished(self) -> None:
-        """Close open shards outside each stream's current shuffle block: they are done for this epoch."""
+        """Close open shards outside each stream's current shuffle window: they are done for this epoch."""
         key = tuple(sorted(self._current.items()))
-        if key == self._blocks_key:
+        if key == self._kept_key:
             return
-        self._blocks_key = key
+        self._kept_key = key
         keep = set()
-        for stream, (epoch, block) in self._current.items():
-            keep.update(self.index.block_shards(stream, epoch, block))
+        for stream, (epoch, window) in self._current.items():
+            keep.update(self.index.window_shards(stream, epoch, window))
         for k in [k for k in self._open if k not in keep]:
             self._close_shard(k)
 
@@ -99,24 +99,24 @@ class ShardReader:
     def close(self, wait: bool = True) -> None:
         """Let go of open shards and cache locks (`wait=False` does not wait for the work-ahead)."""
         self._open.clear()
-        self._blocks_key, self._ahead_key = (), ()
+        self._kept_key, self._ahead_key = (), ()
         for storage in self.storages:
             storage.close(wait)
 
     # --- reading ------------------------------------------------------------------------------------
-    def windows(self, shard_ids: np.ndarray, within: np.ndarray, times: OpenTimes) -> list[np.ndarray]:
-        """The packed windows (seq_len + 1 tokens) of the given samples."""
+    def samples(self, shard_ids: np.ndarray, within: np.ndarray, times: OpenTimes) -> list[np.ndarray]:
+        """The tokens (seq_len + 1 of them) of each of the given samples."""
         L = self.index.seq_len
-        return [self.shard(k, times).window(j * L, L + 1) for k, j in zip(shard_ids.tolist(), within.tolist())]
+        return [self.shard(k, times).token_run(j * L, L + 1) for k, j in zip(shard_ids.tolist(), within.tolist())]
 
-    def pack(self, windows: list[np.ndarray], shard_ids: np.ndarray, within: np.ndarray,
+    def pack(self, samples: list[np.ndarray], shard_ids: np.ndarray, within: np.ndarray,
              out: dict[str, np.ndarray]) -> None:
-        """Windows -> the first rows of `out`: inputs, labels shifted by one, and position ids if asked."""
+        """Samples' tokens -> the first rows of `out`: inputs, labels shifted by one, and position ids if asked."""
         L = self.index.seq_len
-        if windows:
-            stacked = np.stack(windows)  # one uint16 copy, then two casting copies into the buffer
-            np.copyto(out["input_ids"][:len(windows)], stacked[:, :-1])
-            np.copyto(out["labels"][:len(windows)], stacked[:, 1:])
+        if samples:
+            stacked = np.stack(samples)  # one uint16 copy, then two casting copies into the buffer
+            np.copyto(out["input_ids"][:len(samples)], stacked[:, :-1])
+            np.copyto(out["labels"][:len(samples)], stacked[:, 1:])
         positions = out.get("position_ids")
         if positions is not None:
             for i, (k, j) in enumerate(zip(shard_ids.tolist(), within.tolist())):
@@ -134,11 +134,11 @@ class ShardReader:
                 "decode_cpu_s": sum(s.decode_s for s in self.storages)}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_open": {}, "_blocks_key": (), "_ahead_key": ()}  # open shards: per process
+        return {**self.__dict__, "_open": {}, "_kept_key": (), "_ahead_key": ()}  # open shards: per process
 
 
 def _positions(boundaries: np.ndarray, length: int) -> np.ndarray:
-    """Position ids 0,1,2,... restarting at each document boundary inside the window."""
+    """Position ids 0,1,2,... restarting at each document boundary inside the sample."""
     pos = np.arange(length, dtype=np.int64)
     if boundaries.size:
         starts = np.concatenate([[0], boundaries])

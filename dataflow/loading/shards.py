@@ -1,7 +1,7 @@
-"""Token access inside shards for the loader: windows and documents, a record batch at a time.
+"""Token access inside shards for the loader: runs of tokens and documents, a record batch at a time.
 
 Arrow shards are opened from the footer alone; a record batch is decompressed (zstd) or mapped
-(uncompressed) on first use and kept until the loader moves past its shuffle block. Tar shards have
+(uncompressed) on first use and kept until the loader moves past its shuffle window. Tar shards have
 no random access, so a tar shard is parsed once, whole (memory-mapped when plain, decompressed when
 `.tar.zst`), and each of its documents is a batch.
 """
@@ -72,7 +72,7 @@ class OpenShard:
             self.batches[i] = b
         return b
 
-    def window(self, start: int, length: int) -> np.ndarray:
+    def token_run(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start+length) of the shard's token stream (a view when it fits one batch)."""
         i = int(self.token_starts.searchsorted(start, side="right")) - 1
         off = start - int(self.token_starts[i])

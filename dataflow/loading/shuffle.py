@@ -1,8 +1,8 @@
 """The epoch's sample order as pure functions of (seed, epoch, per-shard sample counts).
 
-Two levels: the shards are permuted, then the samples inside each block of `window` consecutive
-shards (in that permuted order) are permuted together. A reader holds at most one block of shards in
-memory, so `window` is the knob that trades memory for randomness. Nothing here depends on the number
+Two levels: the shards are permuted, then the samples inside each shuffle window, `shuffle_window`
+consecutive shards (in that permuted order), are permuted together. A reader holds at most one window of
+shards in memory, so `shuffle_window` is the knob that trades memory for randomness. Nothing here depends on the number
 of ranks or workers: they only take different slices of the same global order.
 """
 
@@ -27,53 +27,55 @@ def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool, stream: i
 class EpochOrder:
     """Global sample g of an epoch -> (shard index, sample index inside that shard).
 
-    Memory: the shard tables (O(shards)) plus the permutation of one block at a time.
+    Memory: the shard tables (O(shards)) plus the permutation of one window at a time.
     """
 
-    def __init__(self, counts: np.ndarray, seed: int, epoch: int, shuffle: bool, window: int, stream: int = 0):
+    def __init__(self, counts: np.ndarray, seed: int, epoch: int, shuffle: bool, shuffle_window: int, stream: int = 0):
         self.counts = np.asarray(counts, dtype=np.int64)
         self.seed, self.epoch, self.shuffle, self.stream = seed, epoch, shuffle, stream
-        self.window = max(1, int(window))
+        self.shuffle_window = max(1, int(shuffle_window))
         self.order = shard_order(len(self.counts), seed, epoch, shuffle, stream)
         ordered = self.counts[self.order]
         # start of each shard (in visiting order) in the global sample sequence
         self.shard_starts = np.concatenate([[0], np.cumsum(ordered)])
-        self.block_starts = self.shard_starts[:: self.window]
-        if self.block_starts[-1] != self.shard_starts[-1]:
-            self.block_starts = np.append(self.block_starts, self.shard_starts[-1])
+        self.window_starts = self.shard_starts[:: self.shuffle_window]
+        if self.window_starts[-1] != self.shard_starts[-1]:
+            self.window_starts = np.append(self.window_starts, self.shard_starts[-1])
         self.total = int(self.shard_starts[-1])
-        self._perm = lru_cache(maxsize=2)(self._block_permutation)
+        self._perm = lru_cache(maxsize=2)(self._window_permutation)
 
     @property
-    def num_blocks(self) -> int:
-        return len(self.block_starts) - 1
+    def num_windows(self) -> int:
+        return len(self.window_starts) - 1
 
-    def block_of(self, g: np.ndarray | int) -> np.ndarray:
-        return np.searchsorted(self.block_starts, g, side="right") - 1
+    def window_of(self, g: np.ndarray | int) -> np.ndarray:
+        """The shuffle window (its number in this epoch) of global sample(s) `g`."""
+        return np.searchsorted(self.window_starts, g, side="right") - 1
 
-    def block_shards(self, block: int) -> np.ndarray:
-        """Shard indices (into the manifest) of one block."""
-        return self.order[block * self.window:(block + 1) * self.window]
+    def window_shards(self, window: int) -> np.ndarray:
+        """Shard indices (into the manifest) of one window."""
+        w = self.shuffle_window
+        return self.order[window * w:(window + 1) * w]
 
-    def _block_permutation(self, block: int) -> np.ndarray:
-        size = int(self.block_starts[block + 1] - self.block_starts[block])
+    def _window_permutation(self, window: int) -> np.ndarray:
+        size = int(self.window_starts[window + 1] - self.window_starts[window])
         if not self.shuffle:
             return np.arange(size, dtype=np.int64)
-        return _rng(self.seed, self.epoch, self.stream, 1, block).permutation(size).astype(np.int64)
+        return _rng(self.seed, self.epoch, self.stream, 1, window).permutation(size).astype(np.int64)
 
     def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised: global sample ids -> (shard index, sample index within the shard)."""
         g = np.asarray(g, dtype=np.int64)
         if g.size and (g.min() < 0 or g.max() >= self.total):
             raise IndexError(f"sample id out of range [0, {self.total})")
-        blocks = self.block_starts.searchsorted(g, side="right") - 1
-        first, last = int(blocks.min(initial=0)), int(blocks.max(initial=0))
-        if first == last:  # the common case: a batch inside one block
-            local = self._perm(first)[g - self.block_starts[first]] + self.block_starts[first]
+        windows = self.window_starts.searchsorted(g, side="right") - 1
+        first, last = int(windows.min(initial=0)), int(windows.max(initial=0))
+        if first == last:  # the common case: a batch inside one window
+            local = self._perm(first)[g - self.window_starts[first]] + self.window_starts[first]
         else:
             local = np.empty_like(g)
-            for b in range(first, last + 1):
-                sel = blocks == b
-                local[sel] = self._perm(b)[g[sel] - self.block_starts[b]] + self.block_starts[b]
+            for w in range(first, last + 1):
+                sel = windows == w
+                local[sel] = self._perm(w)[g[sel] - self.window_starts[w]] + self.window_starts[w]
         pos = self.shard_starts.searchsorted(local, side="right") - 1  # position in visiting order
         return self.order[pos], local - self.shard_starts[pos]

@@ -26,7 +26,7 @@ DESCRIPTIONS = {
     "fetch": "download and open shards",
     "decode": "wait for zstd shards decoded into the shared cache",
     "read": "read and decompress record batches",
-    "collate": "pack windows into the batch",
+    "collate": "pack samples into the batch",
 }
 
 

@@ -166,10 +166,10 @@ class RayExecutor(Executor):
         remote = ray.remote(num_cpus=1)(tokenize_bundle)
         self._launch = lambda bundle: remote.remote(bundle, spec, scratch)
         self._todo = iter(bundles)
-        window = max(self.workers, int(ray.available_resources().get("CPU", 1))) + 2
+        in_flight_limit = max(self.workers, int(ray.available_resources().get("CPU", 1))) + 2
         for bundle in self._todo:
             self._pending.append(self._launch(bundle))
-            if len(self._pending) >= window:
+            if len(self._pending) >= in_flight_limit:
                 break
 
     def results(self) -> Iterator[BundleResult]:

@@ -13,7 +13,7 @@ STAGE_ADVICE = {
              "($DATAFLOW_CACHE), use a faster store, or larger shards",
     "shuffle": "locating samples in the epoch order dominates: lower --shuffle-window (data.shuffle_window in a "
                "trainer config, StreamingDataset(shuffle_window=...) in code)",
-    "collate": "packing windows into batches dominates: add workers (position_ids cost extra work)",
+    "collate": "packing samples into batches dominates: add workers (position_ids cost extra work)",
     "h2d": "the host-to-device copy dominates: pin memory (StreamingDataLoader(pin_memory=True)) and keep "
            "--depth >= 2",
 }

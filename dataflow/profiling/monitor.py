@@ -18,6 +18,7 @@ Everything is kept in bounded arrays; the cost is a few microseconds per step (`
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from types import TracebackType
 from typing import Any, Callable, Iterable, Iterator
@@ -69,7 +70,7 @@ class StarvationMonitor:
         self.tokens = 0
         self._start: float | None = None
         self._end: float | None = None
-        self._window: tuple[float, float] | None = None  # (time, total wait) at the last reset_window
+        self._interval: tuple[float, float] | None = None  # (time, total wait) at the last reset_interval
         self._device, self._nvml_wanted = device, nvml
         self.cuda: gpu.CudaTimer | None = None
         self.nvml: gpu.NvmlSampler | None = None
@@ -137,13 +138,19 @@ class StarvationMonitor:
         """Time one training step (the consumer's compute): `with mon.step(): ...`."""
         return self._step
 
-    def reset_window(self) -> tuple[float, float]:
+    def reset_interval(self) -> tuple[float, float]:
         """(wait seconds, wall seconds) since the last call: for per-interval data-wait %."""
         now = self.clock()
         total = self.total_wait + (self.cuda.copy_wait_total if self.cuda is not None else 0.0)
-        last = self._window or (now if self._start is None else self._start, 0.0)
-        self._window = (now, total)
+        last = self._interval or (now if self._start is None else self._start, 0.0)
+        self._interval = (now, total)
         return total - last[1], now - last[0]
+
+    def reset_window(self) -> tuple[float, float]:
+        """Deprecated name of `reset_interval` ("window" is the shuffle window's word)."""
+        warnings.warn("StarvationMonitor.reset_window() is deprecated: call reset_interval()", DeprecationWarning,
+                      stacklevel=2)
+        return self.reset_interval()
 
     def close(self) -> None:
         """Stop NVML sampling (the figures stay readable)."""

@@ -70,12 +70,12 @@ def resolve_device(device: str) -> str:
 def memory_estimate_mb(s: RunSettings, manifest_tokens: int, shards: int, shuffle_window: int, cuda: bool) -> float:
     """Rough host memory of a configuration: slot ring, pinned copies, decompressed shards per reader."""
     slot = 2 * (-(-s.batch_size * s.seq_len * 8 // 4096) * 4096)  # input_ids + labels, int64, page-rounded
-    held = max(4, s.depth + 2)  # what the loader's ring makes room for behind a prefetcher (see handoff.py)
-    ring = (s.prefetch_factor + math.ceil(held / s.num_workers) + 1) * s.num_workers * slot if s.num_workers else 0
+    held = max(4, s.depth + 2)  # what the loader's SlotRing makes room for behind a prefetcher (see handoff.py)
+    worker_slots = (s.prefetch_factor + math.ceil(held / s.num_workers) + 1) * s.num_workers * slot if s.num_workers else 0
     pinned = (s.depth + 1) * slot if cuda else 0
     readers = max(s.num_workers, 1)
     shard_bytes = 2 * manifest_tokens / max(shards, 1) * min(shuffle_window, max(shards, 1))
-    return (ring + pinned + readers * shard_bytes) / 1e6
+    return (worker_slots + pinned + readers * shard_bytes) / 1e6
 
 
 def make_loader(s: RunSettings, **options: Any) -> Any:
@@ -83,8 +83,8 @@ def make_loader(s: RunSettings, **options: Any) -> Any:
     from dataflow.loading.dataset import StreamingDataset
     from dataflow.loading.loader import StreamingDataLoader
 
-    window = {} if s.shuffle_window is None else {"shuffle_window": s.shuffle_window}
-    ds = StreamingDataset(s.data, seq_len=s.seq_len, seed=s.seed, **window)
+    shuffle = {} if s.shuffle_window is None else {"shuffle_window": s.shuffle_window}
+    ds = StreamingDataset(s.data, seq_len=s.seq_len, seed=s.seed, **shuffle)
     return StreamingDataLoader(ds, batch_size=s.batch_size, num_workers=s.num_workers, **options)
 
 
