@@ -209,6 +209,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     work = lambda: expand(todo, unit_bytes, start[1])  # noqa: E731  (read again if the workers start again)
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)  # shards of bundles no journal listed: they are made again
+    startup.remove_leftovers(layout, journaled)
     with make_executor(cfg.executor, workers, cfg.tokenizer, cfg.engine) as executor:
         try:
             tok, spec = _start_workers(cfg, layout, plan, executor, work, scratch)

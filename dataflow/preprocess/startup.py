@@ -135,13 +135,21 @@ def unit_spec(cfg: TokenizeConfig, layout: Layout, tok: Tokenizer, engine: str) 
                     {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None)
 
 
+def remove_leftovers(layout: Layout, journaled: Progress | None) -> None:
+    """What an interrupted run wrote that its journal does not list (temp files, shards put in place after
+    its last save). Call it before any worker starts: on an object store workers upload straight to final
+    names, so a removal after they started would delete the new run's own shards."""
+    layout.remove_partial_writes()
+    listed = journaled.shards if journaled else {}
+    layout.remove_unlisted_shards({split: {s["path"] for s in shards} for split, shards in listed.items()})
+
+
 def start_or_resume(cfg: TokenizeConfig, layout: Layout, journaled: Progress | None) -> Progress:
     """The journaled progress of an interrupted run (its shards as listed, its error log as long as it was),
-    or a fresh journal; what an interrupted run left unlisted goes. Call it once the checks have passed."""
+    or a fresh journal. Call it once the checks have passed (`remove_leftovers` ran before the workers)."""
     os.makedirs(layout.work, exist_ok=True)
     for split in layout.splits if not layout.remote else ():  # an object store has no folders to make
         os.makedirs(layout.writer_dir(split), exist_ok=True)
-    layout.remove_partial_writes()
     progress = journaled
     if progress is None:
         progress = Progress(settings=cfg.output_settings())
@@ -151,5 +159,4 @@ def start_or_resume(cfg: TokenizeConfig, layout: Layout, journaled: Progress | N
     else:
         with open(layout.errors, "ab") as f:
             f.truncate(progress.errors_log_bytes)
-    layout.remove_unlisted_shards({split: {s["path"] for s in shards} for split, shards in progress.shards.items()})
     return progress
