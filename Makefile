@@ -3,6 +3,7 @@ PYTHON        ?= python3
 VENV          ?= .venv
 TORCH_VERSION ?= 2.13.0
 PY            := $(VENV)/bin/python
+WRITE_PYC     := env -u PYTHONDONTWRITEBYTECODE
 PIP           := $(PY) -m pip
 DEMO_OUT      ?= demo-out
 
@@ -14,13 +15,16 @@ $(PY):
 
 # Torch first, and only if missing: users bring their own CUDA build; pip must not pick one for us.
 # pip is not silenced: its download bars show progress. --no-compile: pip would byte-compile every module of
-# torch and ray (about 100 s of a 2-core machine's setup); Python compiles the few it imports on first use. `make demo` needs only the project itself;
+# torch and ray (about 75 s of a 2-core machine's setup); instead the modules a run imports are compiled once,
+# on first use, even where PYTHONDONTWRITEBYTECODE is set (without their .pyc, `import torch` takes twice as
+# long in every process: the suite starts hundreds). `make demo` needs only the project itself;
 # `make test` adds the dev extras (pytest, a local S3 server, Ray, matplotlib).
 $(VENV)/.installed-base: $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || echo "== installing torch $(TORCH_VERSION) into $(VENV) (set TORCH_VERSION=... or install your own build first)"
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-compile --progress-bar on "torch==$(TORCH_VERSION)"
 	@echo "== installing dataflow-lm (editable) and its dependencies into $(VENV)"
 	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install --no-compile --progress-bar on -e .
+	$(WRITE_PYC) $(PY) -c "import torch, torch.distributed, pyarrow, dataflow.cli, trainer.__main__"
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.installed-base
@@ -34,11 +38,11 @@ demo: $(VENV)/.installed-base
 	$(PY) tools/demo.py --out $(DEMO_OUT)
 
 test: setup
-	$(PY) -m pytest -q
+	$(WRITE_PYC) $(PY) -m pytest -q
 
 # everything, the heavy checks included (Ray, distributed, framework integrations, kill soaks)
 test-all: setup
-	$(PY) -m pytest -q -m ""
+	$(WRITE_PYC) $(PY) -m pytest -q -m ""
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
