@@ -68,31 +68,31 @@ def s3_json(s3, key):
     return json.loads(s3.get_object(Bucket="out", Key=key)["Body"].read())
 
 
-def test_task_slices_on_s3_merge_verify_decode_and_load_as_the_local_run(s3, src, tmp_path):
+def test_task_slices_on_s3_merge_verify_decode_and_load_as_the_local_run(s3, src, tmp_path, capsys):
     local = tmp_path / "local"
     tokenize(src, local, "--tokenizer", GPT2_JSON, "--val-fraction", "0.1", cache=tmp_path / "c")
     for task in (1, 0):  # any order, as a Slurm array would, each from its own machine (its own cache)
         tokenize(src, "s3://out/sliced", "--tokenizer", GPT2_JSON, "--val-fraction", "0.1", "--num-tasks", 2,
                  "--task-index", task, cache=tmp_path / f"c{task}")
-    merged = dataflow("merge", "s3://out/sliced")
-    assert merged.returncode == 0, merged.stderr
-    assert "train: merged 2 parts" in merged.stdout and "val: merged 2 parts" in merged.stdout
+    rc, out, err = run(capsys, "merge", "s3://out/sliced")  # the other commands in this process: no start-up
+    assert rc == 0, err
+    assert "train: merged 2 parts" in out and "val: merged 2 parts" in out
     for split in ("train", "val"):
         index = s3_json(s3, f"sliced/{split}/index.json")
         single = json.loads((local / split / "index.json").read_text())
         assert [s["sha256"] for s in index["shards"]] == [s["sha256"] for s in single["shards"]]
         assert {s["path"].split("/")[0] for s in index["shards"]} == {"part-00000", "part-00001"}
         url = f"s3://out/sliced/{split}"
-        verified = dataflow("verify", url)
-        assert verified.returncode == 0 and "verified" in verified.stdout, verified.stderr
-        decoded = dataflow("decode", url)
-        assert decoded.returncode == 0, decoded.stderr
-        assert decoded.stdout == dataflow("decode", local / split).stdout and decoded.stdout.count("\n") > 10
-    shown = dataflow("inspect", "s3://out/sliced/train/index.json", "--decode", 2, "--json")
-    assert shown.returncode == 0, shown.stderr
-    docs = json.loads(shown.stdout)["documents"]
+        rc, out, err = run(capsys, "verify", url)
+        assert rc == 0 and "verified" in out, err
+        rc, decoded, err = run(capsys, "decode", url)
+        assert rc == 0, err
+        assert decoded == run(capsys, "decode", local / split)[1] and decoded.count("\n") > 10
+    rc, shown, err = run(capsys, "inspect", "s3://out/sliced/train/index.json", "--decode", 2, "--json")
+    assert rc == 0, err
+    docs = json.loads(shown)["documents"]
     assert [d["text"] for d in docs] == [json.loads(line)["text"] for line in
-                                         dataflow("decode", local / "train").stdout.splitlines()[:2]]
+                                         run(capsys, "decode", local / "train")[1].splitlines()[:2]]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="out", Prefix="sliced/")["Contents"]]
     assert len([k for k in keys if "/shard-" in k]) == len(s3_json(s3, "sliced/train/index.json")["shards"]) + \
         len(s3_json(s3, "sliced/val/index.json")["shards"])  # merging copied no shard
@@ -168,7 +168,7 @@ def test_verify_inspect_decode_over_http(served, src, tmp_path, capsys, fmt):
     rc, out, err = run(capsys, "verify", f"{url}/ds")
     assert rc == 0 and "verified" in out, err
     rc, out, err = run(capsys, "decode", f"{url}/ds")
-    assert rc == 0 and out == dataflow("decode", www / "ds").stdout, err
+    assert rc == 0 and out == run(capsys, "decode", www / "ds")[1], err
     rc, out, err = run(capsys, "inspect", f"{url}/ds", "--decode", 1)
     assert rc == 0 and "In the beginning God created" in out, err
     shards = json.loads((www / "ds" / "index.json").read_text())["shards"]
