@@ -37,10 +37,13 @@ setup: $(VENV)/.installed
 demo: $(VENV)/.installed-base
 	$(PY) tools/demo.py --out $(DEMO_OUT)
 
+# one test process per core (a file's tests stay together, sharing its module fixtures); the suite waits on
+# subprocesses and servers much of the time, so two processes on two cores take 6.5 instead of 11 minutes
 test: setup
-	$(WRITE_PYC) $(PY) -m pytest -q
+	$(WRITE_PYC) $(PY) -m pytest -q -n auto --dist loadfile
 
-# everything, the heavy checks included (Ray, distributed, framework integrations, kill soaks)
+# everything, the heavy checks included (Ray, distributed, framework integrations, kill soaks), one at a time:
+# the distributed runs take fixed ports and every core
 test-all: setup
 	$(WRITE_PYC) $(PY) -m pytest -q -m ""
 
