@@ -6,7 +6,6 @@ as JSONL; the bytes do not depend on --workers; a DatasetDict folder and every d
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
