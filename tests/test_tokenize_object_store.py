@@ -47,12 +47,13 @@ def test_tokenize_to_s3_verifies_and_reads_back_as_the_local_run(s3, kjv, tmp_pa
         remote = json.loads(s3.get_object(Bucket="out", Key=f"ds/{split}/index.json")["Body"].read())
         assert shard_hashes(remote) == shard_hashes(json.loads((local / split / "index.json").read_text()))
         assert all(s["path"].startswith("shard-") for s in remote["shards"])
-        # `dataflow verify` reads local folders: verify a copy of what the bucket holds
+        # a copy of what the bucket holds verifies and decodes as the local run (the bucket itself is
+        # verified and decoded in place in tests/test_remote_datasets.py)
         import fsspec
 
         fsspec.filesystem("s3").get(f"out/ds/{split}/", str(tmp_path / "copy" / split) + "/", recursive=True)
         assert subprocess.run([*DATAFLOW, "verify", str(tmp_path / "copy" / split), "--no-progress"]).returncode == 0
-        assert decoded(tmp_path / "copy" / split) == decoded(local / split)  # (decode, too, reads local folders)
+        assert decoded(tmp_path / "copy" / split) == decoded(local / split)
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="out", Prefix="ds/")["Contents"]}
     assert "ds/_errors.jsonl" in keys and not any("_work" in k for k in keys)
     assert not os.listdir(tmp_path / "c" / "tokenize-work")  # the local work folder went with the run
