@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.errors import FormatError
+from dataflow.formats import arrays
 from dataflow.formats.hashing import sha256_local
 from dataflow.formats.manifest import MAX_COUNT
 
@@ -83,8 +84,8 @@ class ArrowShardFile:
         """Write documents `values[offsets[i]:offsets[i+1]]` (offsets from 0) with their ids as one record batch.
         The batch keeps references to `values` and `ids` until it is written: they must not change."""
         self._raise_error()
-        tokens = pa.ListArray.from_arrays(_from_numpy(np.asarray(offsets, dtype=np.int32), pa.int32()),
-                                          _from_numpy(values.astype(self.dtype, copy=False), arrow_type(self.dtype)))
+        tokens = pa.ListArray.from_arrays(arrays.numbers(np.asarray(offsets, dtype=np.int32)),
+                                          arrays.numbers(values.astype(self.dtype, copy=False)))
         self._queue.put(pa.record_batch([tokens, ids], schema=self._schema))
         self.layout.append([len(ids), int(offsets[-1])])
 
@@ -304,10 +305,3 @@ def decode_arrow_shard(src: str, dst: str, source_sha256: str, name: str | None 
     finally:
         pa.system_memory_pool().release_unused()  # glibc keeps freed memory in its arenas otherwise
     return os.path.getsize(dst)
-
-
-def _from_numpy(x: np.ndarray, kind: pa.DataType) -> pa.Array:
-    """A numeric numpy array as an Arrow array over its buffer (`pa.array` would import pandas, 1-2 s, in every
-    tokenize worker where pandas is installed)."""
-    x = np.ascontiguousarray(x)
-    return pa.Array.from_buffers(kind, len(x), [None, pa.py_buffer(x)])

@@ -15,6 +15,7 @@ existing engine (Ray, or task slices run by Slurm/Kubernetes), never a home-made
 
 from __future__ import annotations
 
+import abc
 import multiprocessing
 import os
 import signal
@@ -30,7 +31,7 @@ from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.worker import BundleResult, UnitSpec, tokenize_bundle, worker_tokenizer
 
 
-class Executor:
+class Executor(abc.ABC):
     """Runs bundles on `workers` workers that tokenize with (`tokenizer`, `engine`); see the module."""
 
     def __init__(self, workers: int, tokenizer: str, engine: str) -> None:
@@ -39,13 +40,13 @@ class Executor:
     def start(self) -> None:
         """Start the workers now (their tokenizer loads while the caller does other work)."""
 
+    @abc.abstractmethod
     def submit(self, bundles: Iterable[list[Unit]], spec: UnitSpec, scratch: str) -> None:
         """Begin tokenizing `bundles` (read lazily) into shards in `scratch`; returns at once."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def results(self) -> Iterator[BundleResult]:
         """The results of the submitted bundles, in input order."""
-        raise NotImplementedError
 
     def stop(self, now: bool = False) -> None:
         """End the workers; `now`: kill them instead of letting the bundles in flight finish."""

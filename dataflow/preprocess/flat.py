@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataflow.preprocess.readers import arrays
+from dataflow.formats import arrays
 
 Flat = tuple[np.ndarray, np.ndarray]  # (values uint32, offsets int64 from 0)
 

@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 
 from dataflow.formats.manifest import ShardInfo, TokenizerMeta
 from dataflow.formats.writer import DocIds, ShardWriter
-from dataflow.preprocess.readers import Block, arrays, read_unit_blocks
+from dataflow.formats import arrays
+from dataflow.preprocess.readers import Block, read_unit_blocks
 from dataflow.preprocess.flat import append_eos, string_buffers
 from dataflow.preprocess.output import upload_shards
 from dataflow.preprocess.plan import Unit

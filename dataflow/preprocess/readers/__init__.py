@@ -11,8 +11,8 @@ as blocks of consecutive records (`read_unit_blocks`). Everything a kind knows l
 - `compressed.py`: any of them compressed (checked: a cut file is an error), and `pieces.py`, the
   coordinator's cut of one compressed JSONL stream into pieces for the workers.
 
-`listing.py` names files and kinds; `records.py` holds the `Block` every reader yields; `arrays.py` builds
-Arrow arrays without importing pandas.
+`listing.py` names files and kinds; `records.py` holds the `Block` every reader yields; Arrow arrays are
+built through `dataflow.formats.arrays`, which never wakes pandas.
 """
 
 from __future__ import annotations

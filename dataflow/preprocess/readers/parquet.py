@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from dataflow.errors import InputError
 from dataflow.formats import remote
-from dataflow.preprocess.readers import arrays
+from dataflow.formats import arrays
 from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Record, Span, block_of, checked, missing_errors
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataflow.preprocess.readers import arrays
+from dataflow.formats import arrays
 
 BLOCK_BYTES = 1 << 21  # input bytes per block: one engine call and one output record batch
 
