@@ -178,6 +178,25 @@ def test_hf_without_huggingface_hub_is_one_line_saying_what_to_install(tmp_path,
     assert "pip install huggingface_hub" in err and "hf://datasets/org/corpus/data/*.parquet" in err
 
 
+def test_an_unreachable_hub_is_one_line_whatever_the_client_raises(tmp_path, monkeypatch, capsys):
+    """huggingface_hub talks to the Hub through httpx, whose errors are not OSErrors: no network is still one
+    line naming the URL and what to check, not a traceback."""
+    from dataflow.preprocess.readers import listing
+
+    class ConnectError(Exception):  # httpx's name for a refused or unresolvable host
+        pass
+
+    def unreachable(url, *args, **kwargs):
+        raise ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(listing.fsspec, "get_fs_token_paths", unreachable)
+    code = main(["tokenize", "hf://datasets/org/corpus/data/*.parquet", "-o", str(tmp_path / "out"),
+                 "--tokenizer", "bytes", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "hf://datasets/org/corpus/data/*.parquet" in err and "cannot reach" in err
+
+
 
 @pytest.mark.parametrize("url", ["hf://datasets/org/secret/data/*.parquet", "hf://datasets/org/secret",
                                  "hf://datasets/org/corpus/data/*.jsonl"])

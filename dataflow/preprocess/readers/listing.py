@@ -56,9 +56,12 @@ def expand_inputs(inputs: list[str]) -> list[str]:
             files += _expand_one(item)
         except ImportError as e:
             raise _missing(item, e) from None
-        except (OSError, ValueError) as e:
-            raise explain(item, e) or \
-                InputError(f"{item}: cannot list or open ({type(e).__name__}: {_first_line(e)})") from None
+        except Exception as e:  # noqa: BLE001  (backends raise their own types: httpx's for hf://, ...)
+            known = explain(item, e)
+            if known is None and not isinstance(e, (OSError, ValueError)):
+                raise
+            raise known or InputError(f"{item}: cannot list or open ({type(e).__name__}: {_first_line(e)})") \
+                from None
     return list(dict.fromkeys(files))
 
 
