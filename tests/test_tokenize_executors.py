@@ -100,7 +100,7 @@ def test_a_failing_sample_check_with_workers_already_working_leaves_nothing(src,
     that fails then is still one line, and leaves no shard, journal or folder behind, and no worker."""
     out = tmp_path / "out"
 
-    def failing_check(cfg, units):
+    def failing_check(cfg, tok, units):
         # the workers have started: a finished shard of theirs is in the scratch folder, uncommitted
         deadline = time.monotonic() + 120
         while not list((out / "_work").glob("task-*/units/unit-*")):
@@ -108,7 +108,7 @@ def test_a_failing_sample_check_with_workers_already_working_leaves_nothing(src,
             time.sleep(0.02)
         raise ConfigError(f"{GPT2_JSON}: --engine gigatoken gives other ids than tokenizers: on the input sample")
 
-    monkeypatch.setattr(startup, "checked_tokenizer", failing_check)
+    monkeypatch.setattr(startup, "check_on_input", failing_check)
     capsys.readouterr()
     code = main(["tokenize", str(src), "-o", str(out), "--tokenizer", str(GPT2_JSON), "--unit-size", "64KB",
                  "--workers", "2", "--no-progress"])
@@ -121,7 +121,7 @@ def test_a_failing_sample_check_with_workers_already_working_leaves_nothing(src,
 def test_when_the_checks_settle_on_tokenizers_the_workers_start_again(src, tmp_path, monkeypatch):
     """The workers began with the engine asked for (auto); the checks here chose tokenizers itself: what they
     made is dropped and redone, and the bytes are those of a run on --engine hf."""
-    monkeypatch.setattr(startup, "checked_tokenizer", lambda cfg, units: load_tokenizer(cfg.tokenizer, "hf"))
+    monkeypatch.setattr(startup, "check_on_input", lambda cfg, tok, units: load_tokenizer(cfg.tokenizer, "hf"))
     args = [str(src), "--tokenizer", str(GPT2_JSON), "--unit-size", "64KB", "--workers", "2", "--no-progress"]
     assert main(["tokenize", *args, "-o", str(tmp_path / "redone")]) == 0
     monkeypatch.undo()

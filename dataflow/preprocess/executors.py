@@ -5,8 +5,9 @@ hands it the bundles and returns at once (the workers begin while the caller che
 `results()` yields what `worker.tokenize_bundle` made of them (finished shards in the scratch folder)
 strictly in input order with a bounded number of bundles in flight, and `stop(now)` ends it:
 `now` (an error or Ctrl-C) kills the workers at once instead of waiting for the bundles they hold (whose
-shards no journal lists: a rerun makes them again). As a context manager an executor is started on entry
-and stopped on exit, at once if the block raised, so nothing is left running whichever way a run ends.
+shards no journal lists: a rerun makes them again). As a context manager an executor is stopped on exit,
+at once if the block raised, so nothing is left running whichever way a run ends; it starts at `start()`
+or at the first `submit()`, so that the caller can first load what forked workers should inherit.
 
 What comes back per bundle is a few hundred bytes of manifest entries and counts, never tokens, so the
 commit side is the same for every executor and memory stays bounded. Scale-out beyond one machine uses an
@@ -34,6 +35,8 @@ from dataflow.preprocess.worker import BundleResult, UnitSpec, tokenize_bundle, 
 class Executor(abc.ABC):
     """Runs bundles on `workers` workers that tokenize with (`tokenizer`, `engine`); see the module."""
 
+    local = True  # its workers read this machine's files (the spill files of a compressed input's pieces)
+
     def __init__(self, workers: int, tokenizer: str, engine: str) -> None:
         self.workers, self.tokenizer, self.engine = workers, tokenizer, engine
 
@@ -52,7 +55,6 @@ class Executor(abc.ABC):
         """End the workers; `now`: kill them instead of letting the bundles in flight finish."""
 
     def __enter__(self) -> "Executor":
-        self.start()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -91,7 +93,8 @@ def _started() -> None:
 
 class LocalPoolExecutor(Executor):
     """A pool of worker processes on this machine (one for --workers 1). Each worker loads its tokenizer
-    when it starts (forked on Linux: a tokenizer this process adopted before `start()` is inherited)."""
+    when it starts; forked (on Linux), it inherits the one this process adopted before `start()` instead:
+    no worker imports, loads or proves anything then."""
 
     def __init__(self, workers: int, tokenizer: str, engine: str) -> None:
         super().__init__(workers, tokenizer, engine)
@@ -147,6 +150,8 @@ class LocalPoolExecutor(Executor):
 class RayExecutor(Executor):
     """Ray tasks (on the cluster of RAY_ADDRESS, or a local one) write their shards to the scratch folder
     (one every node sees) and return only their results. `stop(now=True)` cancels the tasks in flight."""
+
+    local = False  # tasks may run on other machines: a compressed input's pieces travel with their bytes
 
     def __init__(self, workers: int, tokenizer: str, engine: str) -> None:
         super().__init__(workers, tokenizer, engine)

@@ -32,10 +32,11 @@ class Unit:
     end: int | None = None
     size: int = 0  # input bytes this unit covers (for progress)
     # a piece of a compressed JSONL stream (see readers/pieces.py): its number, its decompressed bytes (`start`: where
-    # they begin in the decompressed stream), whether it is the stream's last, and how many compressed bytes
-    # were read up to its end
+    # they begin in the decompressed stream) in a spill file the worker deletes or carried as `data`, whether
+    # it is the stream's last, and how many compressed bytes were read up to its end
     piece: int = -1
     data: bytes | None = field(default=None, repr=False, compare=False)
+    spill: str = ""
     last: bool = True
     read: int = 0
 

@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -206,11 +207,14 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     start = (journaled.next_unit, journaled.next_piece) if journaled else (0, 0)
     todo = [bundle for bundle in plan.bundles if bundle[0].index >= start[0]]
     unit_bytes = cfg.unit_bytes or DEFAULT_UNIT_BYTES
-    work = lambda: expand(todo, unit_bytes, start[1])  # noqa: E731  (read again if the workers start again)
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)  # shards of bundles no journal listed: they are made again
     startup.remove_leftovers(layout, journaled)
     with make_executor(cfg.executor, workers, cfg.tokenizer, cfg.engine) as executor:
+
+        def work() -> Iterator[list[Unit]]:  # read again if the workers start again
+            return expand(todo, unit_bytes, start[1], _spill_folder(scratch) if executor.local else None)
+
         try:
             tok, spec = _start_workers(cfg, layout, plan, executor, work, scratch)
         except BaseException:  # a check failed (or Ctrl-C): nothing was committed, and nothing stays
@@ -233,26 +237,34 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
 
 def _start_workers(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, executor: Executor,
                    work: Callable[[], Iterable[list[Unit]]], scratch: str) -> tuple[Tokenizer, UnitSpec]:
-    """Set the workers on the first bundles, then load, prove and check the tokenizer here meanwhile. The
-    workers were given the engine asked for; should the checks settle on `tokenizers` instead (a fast
-    engine refused by its proof or by the input sample), their shards are dropped and they start again.
+    """Load and prove the tokenizer, set the workers on the first bundles (forked ones inherit the tokenizer
+    loaded here), then check it on the input meanwhile. Should the check settle on `tokenizers` instead of
+    the engine the workers were given, their shards are dropped and they start again.
     Returns the checked tokenizer and the spec the bundles run with."""
-    early = startup.early_tokenizer(cfg)
-    spec = startup.unit_spec(cfg, layout, early, cfg.engine)
+    tok = startup.proven_tokenizer(cfg)
+    spec = startup.unit_spec(cfg, layout, tok, _engine(cfg, tok))
+    adopt_tokenizer(spec.tokenizer, spec.engine, tok)  # before the workers fork; bundles run here use it too
     executor.submit(work(), spec, scratch)
-    if not startup.proves_an_engine(cfg):
-        tok = early
-    else:
-        tok = startup.checked_tokenizer(cfg, plan.units)
-        engine = "hf" if tok.engine == "hf" else cfg.engine
-        if engine != spec.engine or tok.meta != early.meta:
-            executor.stop(now=True)
-            shutil.rmtree(scratch, ignore_errors=True)
-            spec = startup.unit_spec(cfg, layout, tok, engine)
-            executor.start()
-            executor.submit(work(), spec, scratch)
-    adopt_tokenizer(spec.tokenizer, spec.engine, tok)  # bundles run in this process (if any) use it as checked
+    tok = startup.check_on_input(cfg, tok, plan.units)
+    if _engine(cfg, tok) != spec.engine:
+        executor.stop(now=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+        spec = startup.unit_spec(cfg, layout, tok, _engine(cfg, tok))
+        adopt_tokenizer(spec.tokenizer, spec.engine, tok)
+        executor.submit(work(), spec, scratch)
     return tok, spec
+
+
+def _spill_folder(scratch: str) -> str:
+    """A new folder for the spill files of one reading of the input: a reading stopped (its feeder thread
+    may still be writing) never writes into the next one's."""
+    os.makedirs(scratch, exist_ok=True)
+    return tempfile.mkdtemp(prefix="pieces-", dir=scratch)
+
+
+def _engine(cfg: TokenizeConfig, tok: Tokenizer) -> str:
+    """The engine workers are told to load: the one asked for, unless the checks here settled on `tokenizers`."""
+    return "hf" if tok.engine == "hf" and startup.proves_an_engine(cfg) else cfg.engine
 
 
 def _commit_all(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, results: Iterator,

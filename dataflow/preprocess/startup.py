@@ -102,15 +102,18 @@ def proves_an_engine(cfg: TokenizeConfig) -> bool:
     return cfg.tokenizer != "bytes" and not cfg.tokenizer.startswith("tiktoken:") and cfg.engine != "hf"
 
 
-def early_tokenizer(cfg: TokenizeConfig) -> Tokenizer:
-    """What the workers need before the checks end: the tokenizer's metadata (the same for every engine),
-    from loading it without any proof; where there is no proof to make, the tokenizer itself."""
-    return load_tokenizer(cfg.tokenizer, "hf" if proves_an_engine(cfg) else cfg.engine)
+def proven_tokenizer(cfg: TokenizeConfig) -> Tokenizer:
+    """The tokenizer with its engine chosen and proven (about a second when this machine remembers the
+    proof). Loaded before the workers start: forked workers inherit it instead of each loading it again."""
+    return load_tokenizer(cfg.tokenizer, cfg.engine)
 
 
-def checked_tokenizer(cfg: TokenizeConfig, units: list[Unit]) -> Tokenizer:
-    """The tokenizer, its engine proven and checked on the first ~128K characters of the input."""
-    return load_tokenizer(cfg.tokenizer, cfg.engine, sample=_sample_texts(units, cfg))
+def check_on_input(cfg: TokenizeConfig, tok: Tokenizer, units: list[Unit]) -> Tokenizer:
+    """`tok` with its engine also compared with `tokenizers` on the first ~128K characters of the input (it
+    may settle on `tokenizers` itself); the slow check, run while the workers tokenize the first bundles."""
+    if proves_an_engine(cfg):
+        tok.check_sample(_sample_texts(units, cfg))
+    return tok
 
 
 def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CHARS) -> list[str]:

@@ -85,6 +85,10 @@ class Tokenizer(abc.ABC):
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of the ids, EOS dropped."""
 
+    def check_sample(self, sample: Sequence[str]) -> None:
+        """Compare the engine with the tokenizer's own ids on input text (only a proven fast engine has
+        anything to compare)."""
+
     def copy_into(self, out_dir: str) -> TokenizerMeta:
         """Copy the tokenizer file into the dataset folder so readers need nothing else."""
         if self.source is None:
@@ -148,6 +152,7 @@ class HFTokenizer(Tokenizer):
         if threads > 1:  # rayon sizes its pool once per process, at its first parallel call
             os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         self._fast = None  # the proven engine (gigatoken or tiktoken) when one runs
+        self._data = data  # kept for a new choice should the input sample refuse the engine chosen
         self._sample_left = 0
         self.engine, self.engine_reason = "hf", "hf: chosen with --engine hf"
         if engine != "hf":
@@ -173,13 +178,33 @@ class HFTokenizer(Tokenizer):
             # the sample is input text checked in this process: it counts toward the per-process check
             self._fast, self.engine = fast, name
             self._sample_left = max(0, SAMPLE_CHARS - sum(map(len, sample)))
-            self.engine_reason = (f"{name}: {proof}" + (f" + {len(sample)} sample texts" if sample else "")
-                                  + f"; each process also checks its first {SAMPLE_CHARS} characters"
-                                  + (f" (not {'; '.join(refused)})" if refused else ""))
+            self._proof, self._refused = proof, refused
+            self.engine_reason = self._fast_reason(len(sample))
             log.info("%s: %s", self.source, self.engine_reason)
             return
         self.engine_reason = "hf: " + "; ".join(refused)
         log.info("%s: tokenizers encodes (%s)", self.source, self.engine_reason)
+
+    def check_sample(self, sample: Sequence[str]) -> None:
+        """Compare the engine chosen with `tokenizers` on `sample` too (input text, checked after the load so
+        that forked workers can start with this engine meanwhile); on a difference choose again, `sample`
+        included. An engine asked for by name that differs is a ConfigError."""
+        if self._fast is None or not sample:
+            return
+        sample = [scrub(t) for t in sample]
+        why = bpe_convert.first_mismatch(self._reference, self._fast.lists, sample, "input sample", self.engine)
+        if why is None:
+            self._sample_left = max(0, self._sample_left - sum(map(len, sample)))
+            self.engine_reason = self._fast_reason(len(sample))
+            return
+        self._fast, self.engine = None, "hf"
+        self._choose_engine(self._data, sample)
+
+    def _fast_reason(self, sample_texts: int) -> str:
+        """Why the fast engine runs: its proof, the input sample it was compared on, the engines refused."""
+        return (f"{self.engine}: {self._proof}" + (f" + {sample_texts} sample texts" if sample_texts else "")
+                + f"; each process also checks its first {SAMPLE_CHARS} characters"
+                + (f" (not {'; '.join(self._refused)})" if self._refused else ""))
 
     def _check_sample(self, texts: pa.Array, flat: Flat) -> Flat:
         """Compare the first SAMPLE_CHARS characters this process encodes; on a difference, use tokenizers."""

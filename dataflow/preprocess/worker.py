@@ -126,6 +126,11 @@ def tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> BundleR
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(scratch, shard.path))
         raise
+    finally:
+        for unit in bundle:  # a piece's spill file is this worker's once handed over: read, it goes
+            if unit.spill:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(unit.spill)
     return result
 
 

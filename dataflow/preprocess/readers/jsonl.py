@@ -7,12 +7,15 @@ lone surrogate, an id that is neither string nor integer, invalid UTF-8) is pars
 
 An uncompressed file larger than a unit is cut into byte ranges; each line belongs to the unit its first
 byte lies in, so units cut anywhere give every line once. A compressed file is one unit, cut into pieces
-of its decompressed stream by the coordinator (`pieces.py`); a piece arrives with its bytes.
+of its decompressed stream by the coordinator (`pieces.py`); a piece arrives as a spill file (or with its bytes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
+import os
 from typing import IO, TYPE_CHECKING, Iterator
 
 import fsspec
@@ -50,13 +53,33 @@ def _supports_ranges(fs, path: str) -> bool:
 
 
 def unit_blocks(unit: "Unit", text_field: str, id_field: str) -> Iterator[Block]:
-    """The records of one unit: a piece's bytes, or a byte range of the file."""
-    if unit.data is not None:  # a piece of a compressed stream, decompressed by the main process
+    """The records of one unit: a piece's bytes (in a spill file, or carried), or a byte range of the file."""
+    if unit.spill:  # a piece of a compressed stream, decompressed by the main process into a file
+        with _mapped(unit.spill) as data:
+            yield from jsonl_blocks(data, text_field, id_field, base=unit.start)
+        return
+    if unit.data is not None:
         yield from jsonl_blocks(unit.data, text_field, id_field, base=unit.start)
         return
     with open_decompressed(unit.file, seek=unit.start > 0) as f:
         for pos, chunk in _placed_line_chunks(f, unit.start, unit.end):
             yield from jsonl_blocks(chunk, text_field, id_field, base=pos)
+
+
+@contextlib.contextmanager
+def _mapped(path: str) -> Iterator[bytes | mmap.mmap]:
+    """A local file's bytes, mapped (read in place: no copy); an empty file as b""."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                           prot=mmap.PROT_READ)
+    try:
+        yield mapped
+    finally:
+        with contextlib.suppress(BufferError):  # a view still referenced somewhere: the collector closes it
+            mapped.close()
 
 
 def first_fields(url: str) -> list[str] | None:
@@ -130,33 +153,35 @@ def _first_line_at(f: IO[bytes], start: int, end: int | None, size: int) -> tupl
             return None
 
 
-def jsonl_blocks(data: bytes, text_field: str, id_field: str, size: int = BLOCK_BYTES, base: int = 0) \
-        -> Iterator[Block]:
+def jsonl_blocks(data: bytes | mmap.mmap, text_field: str, id_field: str, size: int = BLOCK_BYTES,
+                 base: int = 0) -> Iterator[Block]:
     """The records of whole JSONL lines in `data` (which starts at byte `base` of its file), BLOCK_BYTES of
-    input at a time."""
+    input at a time, each block read in place (an Arrow slice of `data`, not a copy)."""
+    whole = pa.py_buffer(data)
     start = 0
     while start < len(data):
         stop = data.find(b"\n", min(start + size, len(data)) - 1)
         stop = len(data) if stop < 0 else stop + 1
-        yield parse_jsonl(data[start:stop], text_field, id_field, base + start)
+        yield parse_jsonl(whole.slice(start, stop - start), text_field, id_field, base + start)
         start = stop
 
 
-def parse_jsonl(chunk: bytes, text_field: str, id_field: str, base: int = 0) -> Block:
+def parse_jsonl(chunk: bytes | pa.Buffer, text_field: str, id_field: str, base: int = 0) -> Block:
     """Whole JSONL lines as a block: pyarrow's reader when it reads them exactly, else line by line."""
-    ends = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
-    lines = len(ends) + (not chunk.endswith(b"\n"))
+    raw = np.frombuffer(chunk, dtype=np.uint8)
+    ends = np.flatnonzero(raw == 10)
+    lines = len(ends) + int(len(raw) == 0 or raw[-1] != 10)  # a last line without its newline counts
     block = _pyarrow_jsonl(chunk, text_field, id_field, lines)
     if block is not None:
         block.starts = base + np.concatenate([[0], ends + 1])[:lines].astype(np.int64)
         return block
-    raws = chunk.splitlines(True)
+    raws = (chunk.to_pybytes() if isinstance(chunk, pa.Buffer) else chunk).splitlines(True)
     block = block_of([parse_json_line(raw, i, text_field, id_field) for i, raw in enumerate(raws)])
     block.starts = base + np.concatenate([[0], np.cumsum([len(raw) for raw in raws])])[:len(raws)].astype(np.int64)
     return block
 
 
-def _pyarrow_jsonl(chunk: bytes, text_field: str, id_field: str, lines: int) -> Block | None:
+def _pyarrow_jsonl(chunk: bytes | pa.Buffer, text_field: str, id_field: str, lines: int) -> Block | None:
     import pyarrow.json as pj
 
     for id_type in (pa.string(), pa.int64()):
