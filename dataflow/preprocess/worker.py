@@ -100,6 +100,16 @@ def shard_prefix(unit: Unit, split: str) -> str:
 def tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> BundleResult:
     """Tokenize a bundle of units into finished shards in `scratch` (one or more per split that got
     documents; a shard closes at `spec.shard_size` bytes of tokens and at the end of the bundle)."""
+    try:
+        return _tokenize_bundle(bundle, spec, scratch)
+    finally:
+        for unit in bundle:  # a piece's spill file is this worker's once handed over: read or failed, it goes
+            if unit.spill:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(unit.spill)
+
+
+def _tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> BundleResult:
     tok = worker_tokenizer(spec.tokenizer, spec.engine)
     result = BundleResult([u.without_data() for u in bundle])
     writers = {split: ShardWriter(scratch, tokenizer_meta=spec.meta, format=spec.format,
@@ -126,11 +136,6 @@ def tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> BundleR
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(scratch, shard.path))
         raise
-    finally:
-        for unit in bundle:  # a piece's spill file is this worker's once handed over: read, it goes
-            if unit.spill:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(unit.spill)
     return result
 
 

@@ -1,0 +1,92 @@
+"""How work reaches tokenize's workers without costing a copy per worker: forked workers inherit the
+tokenizer the coordinator loaded and proved (none loads it again), and a compressed input's pieces arrive
+as spill files that the worker maps and deletes, never as bytes pickled through the pool's pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from conftest import GPT2_JSON
+from dataflow.preprocess import tokenizers
+from dataflow.preprocess.plan import Unit, plan_units
+from dataflow.preprocess.readers import expand, read_unit_blocks
+from dataflow.preprocess.run import TokenizeConfig, tokenize
+from dataflow.preprocess.worker import UnitSpec, tokenize_bundle
+from dataflow.preprocess.tokenizers import load_tokenizer
+from test_tokenize_scale import dataset_bytes
+
+
+def _lines(n: int = 3000) -> bytes:
+    return "".join(json.dumps({"id": f"d{i}", "text": f"document {i} " + "word " * (i % 97)}) + "\n"
+                   for i in range(n)).encode()
+
+
+@pytest.fixture
+def zst(tmp_path: Path) -> tuple[Path, bytes]:
+    data = _lines()
+    path = tmp_path / "in.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(data))
+    return path, data
+
+
+def test_forked_workers_inherit_the_loaded_tokenizer(tmp_path, zst, monkeypatch):
+    """One load of tokenizer.json in the whole run, by this process: the two workers load nothing."""
+    loads = tmp_path / "loads"
+    original = tokenizers.HFTokenizer.__init__
+
+    def logged(self, *args, **kwargs):
+        with open(loads, "a") as f:  # forked workers inherit this patch: a load there is logged too
+            f.write(f"{os.getpid()}\n")
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizers.HFTokenizer, "__init__", logged)
+    summary = tokenize(TokenizeConfig(inputs=[str(zst[0])], out=str(tmp_path / "out"), tokenizer=str(GPT2_JSON),
+                                      workers=2, unit_bytes=64 << 10, progress=False))
+    assert summary.documents == 3000 and summary.engine in ("gigatoken", "tiktoken", "hf")
+    assert loads.read_text().split() == [str(os.getpid())]
+
+
+def test_pieces_travel_as_spill_files_that_the_worker_deletes(tmp_path, zst):
+    path, data = zst
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    units = plan_units([str(path)], 64 << 10)
+    pieces = [bundle[0] for bundle in expand([units], 16 << 10, spill_dir=str(spill))]
+    assert len(pieces) > 4 and all(p.data is None and p.spill for p in pieces)
+    assert b"".join(Path(p.spill).read_bytes() for p in pieces) == data
+    inline = [bundle[0] for bundle in expand([units], 16 << 10)]
+    assert all(p.data is not None and not p.spill for p in inline)
+    for mapped, carried in zip(pieces, inline):  # the same records, read in place or from the unit's bytes
+        a, b = list(read_unit_blocks(mapped)), list(read_unit_blocks(carried))
+        assert [x.texts.to_pylist() for x in a] == [x.texts.to_pylist() for x in b]
+        assert [x.starts.tolist() for x in a] == [x.starts.tolist() for x in b]
+    spec = UnitSpec("bytes", "auto", "text", "id", 256, load_tokenizer("bytes").meta)
+    result = tokenize_bundle([pieces[0]], spec, str(tmp_path / "scratch"))
+    assert result.documents > 0 and not os.path.exists(pieces[0].spill)
+
+
+def test_a_failing_piece_still_deletes_its_spill_file(tmp_path):
+    spill = tmp_path / "piece.jsonl"
+    spill.write_bytes(b'{"text": "fine"}\n')
+    unit = Unit(0, str(tmp_path / "in.jsonl.zst"), "jsonl", piece=0, spill=str(spill), size=17)
+    spec = UnitSpec("no-such-tokenizer.json", "hf", "text", "id", 0, load_tokenizer("bytes").meta)
+    with pytest.raises(Exception):
+        tokenize_bundle([unit], spec, str(tmp_path / "scratch"))
+    assert not spill.exists()
+
+
+def test_spilled_and_carried_pieces_give_the_same_dataset(tmp_path, zst):
+    """In process, pieces are spilled; the same bytes as shards made from an uncompressed copy of the file."""
+    plain = tmp_path / "in.jsonl"
+    plain.write_bytes(zst[1])
+    for src, out in ((zst[0], "zst"), (plain, "plain")):
+        tokenize(TokenizeConfig(inputs=[str(src)], out=str(tmp_path / out), unit_bytes=64 << 10, workers=2,
+                                shard_size="64KB", progress=False))
+    shards = [{k: v for k, v in dataset_bytes(tmp_path / out).items() if "shard-" in k} for out in ("zst", "plain")]
+    assert shards[0] == shards[1] and len(shards[0]) > 2
+    assert not any((tmp_path / "zst").rglob("piece-*"))
