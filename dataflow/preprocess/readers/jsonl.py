@@ -30,6 +30,8 @@ from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Record, Span
 if TYPE_CHECKING:
     from dataflow.preprocess.plan import Unit
 
+LINE_TAIL = 1 << 16  # bytes read past a unit's end at a time, to find where its last line ends
+
 
 def spans(file: str, size: int, unit_bytes: int) -> list[Span]:
     """Byte ranges of `unit_bytes` for an uncompressed file that can be entered anywhere; else the whole file."""
@@ -115,7 +117,7 @@ def _placed_line_chunks(f: IO[bytes], start: int, end: int | None, size: int = B
             return
         pos, rest = first
     while True:
-        block = f.read(size)
+        block = f.read(_read_size(pos + len(rest), end, size))
         buf = rest + block if rest else block
         if not buf:
             return
@@ -134,6 +136,12 @@ def _placed_line_chunks(f: IO[bytes], start: int, end: int | None, size: int = B
             return
 
 
+def _read_size(head: int, end: int | None, size: int) -> int:
+    """Bytes to read at stream offset `head`: a block, but no more than the unit still needs (to `end`, and a
+    little past it for the line that runs through `end`), so a small unit never reads a whole block."""
+    return size if end is None else min(size, max(end - head, 0) + LINE_TAIL)
+
+
 def _first_line_at(f: IO[bytes], start: int, end: int | None, size: int) -> tuple[int, bytes] | None:
     """(where the first line beginning at or after `start` begins, the bytes read past that point), or None
     when no line begins in [start, end): the line running through `start` began in an earlier unit and
@@ -141,7 +149,7 @@ def _first_line_at(f: IO[bytes], start: int, end: int | None, size: int) -> tupl
     pos = start - 1
     f.seek(pos)
     while True:
-        block = f.read(size)
+        block = f.read(_read_size(pos, end, size))
         if not block:
             return None
         cut = block.find(b"\n")
