@@ -170,3 +170,21 @@ def test_memory_bound_keeps_a_cache_that_pays_and_drops_one_that_does_not(fresh_
     rss["now"] = base + gigatoken_engine.CACHE_BUDGET_BYTES + 1  # past the budget: always
     engine.encode_flat(texts)
     assert engine.restarts == 2
+
+
+def test_an_input_sample_checked_after_the_load_can_still_refuse_the_engine(fresh_proofs, monkeypatch):
+    """The run loads and proves the tokenizer first (forked workers inherit it), then compares it on the input
+    sample: a difference there chooses again, down the same order, and says why; asked for by name, it is one
+    ConfigError line."""
+    tok = load_tokenizer(str(GPT2_JSON))
+    assert tok.engine == "gigatoken"
+    tok.check_sample(["In the beginning God created the heaven and the earth."])
+    assert tok.engine == "gigatoken" and "+ 1 sample texts" in tok.engine_reason
+
+    wrong = lambda self, texts: [[0] for _ in texts]  # noqa: E731  (ids no tokenizer gives)
+    monkeypatch.setattr(gigatoken_engine.GigatokenEngine, "lists", wrong)
+    tok.check_sample(["a text the engine now gets wrong"])
+    assert tok.engine in ("tiktoken", "hf") and "gigatoken" in tok.engine_reason and "input sample" in tok.engine_reason
+    pinned = load_tokenizer(str(GPT2_JSON), "gigatoken")
+    with pytest.raises(ConfigError, match="--engine gigatoken cannot give this tokenizer's ids"):
+        pinned.check_sample(["a text the engine now gets wrong"])

@@ -17,7 +17,7 @@ from dataflow.errors import ConfigError
 from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.writer import parse_size
 from dataflow.preprocess import output
-from dataflow.preprocess.readers import read_unit_blocks
+from dataflow.preprocess.readers import read_unit_start
 from dataflow.preprocess.journal import Progress, save_progress
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
@@ -121,7 +121,7 @@ def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CH
     if cfg.tokenizer == "bytes" or not units:
         return []
     texts, total = [], 0
-    for block in read_unit_blocks(units[0], cfg.text_field, cfg.id_field):
+    for block in read_unit_start(units[0], cfg.text_field, cfg.id_field):
         for text in block.texts.drop_null().to_pylist():
             texts.append(text[:chars - total])  # a 50 MB first document is proven on its first part only
             total += len(texts[-1])

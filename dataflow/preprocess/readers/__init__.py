@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from dataflow.preprocess.plan import Unit
 
 __all__ = ["Block", "Span", "expand", "expand_inputs", "first_record_fields", "input_kind", "pieces",
-           "read_unit_blocks", "spans", "split_compression", "splits_into_pieces"]
+           "read_unit_blocks", "read_unit_start", "spans", "split_compression", "splits_into_pieces"]
 
+SAMPLE_BLOCK_BYTES = 1 << 18
 _KINDS = {"jsonl": jsonl, "parquet": parquet, "text": text, "arrow": datasets_folder}
 
 
@@ -38,6 +39,15 @@ def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id
     """Every record of one work unit, in order, a block at a time; a read error is one `InputError` line."""
     with read_errors(unit.file):
         yield from _KINDS[unit.kind].unit_blocks(unit, text_field, id_field)
+
+
+def read_unit_start(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Block]:
+    """`read_unit_blocks` in small blocks, for a reader of its first records only (the input sample)."""
+    with read_errors(unit.file):
+        if unit.kind == "jsonl":
+            yield from jsonl.unit_blocks(unit, text_field, id_field, SAMPLE_BLOCK_BYTES)
+        else:
+            yield from _KINDS[unit.kind].unit_blocks(unit, text_field, id_field)
 
 
 def spans(file: str, kind: str, size: int, unit_bytes: int) -> list[Span]:

@@ -54,18 +54,19 @@ def _supports_ranges(fs, path: str) -> bool:
         return False
 
 
-def unit_blocks(unit: "Unit", text_field: str, id_field: str) -> Iterator[Block]:
-    """The records of one unit: a piece's bytes (in a spill file, or carried), or a byte range of the file."""
+def unit_blocks(unit: "Unit", text_field: str, id_field: str, size: int = BLOCK_BYTES) -> Iterator[Block]:
+    """The records of one unit, `size` bytes of input a block: a piece's bytes (in a spill file, or carried),
+    or a byte range of the file."""
     if unit.spill:  # a piece of a compressed stream, decompressed by the main process into a file
         with _mapped(unit.spill) as data:
-            yield from jsonl_blocks(data, text_field, id_field, base=unit.start)
+            yield from jsonl_blocks(data, text_field, id_field, size, base=unit.start)
         return
     if unit.data is not None:
-        yield from jsonl_blocks(unit.data, text_field, id_field, base=unit.start)
+        yield from jsonl_blocks(unit.data, text_field, id_field, size, base=unit.start)
         return
     with open_decompressed(unit.file, seek=unit.start > 0) as f:
-        for pos, chunk in _placed_line_chunks(f, unit.start, unit.end):
-            yield from jsonl_blocks(chunk, text_field, id_field, base=pos)
+        for pos, chunk in _placed_line_chunks(f, unit.start, unit.end, size):
+            yield from jsonl_blocks(chunk, text_field, id_field, size, base=pos)
 
 
 @contextlib.contextmanager
