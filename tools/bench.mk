@@ -30,11 +30,13 @@ bench-setup: $(BENCH_VENV)/.installed
 
 bench: bench-setup
 	$(BENCH_PY) tools/bench_tokenize.py $(BENCH_ARGS)
+	$(BENCH_PY) tools/bench_tokenize_coordinator.py
 	$(BENCH_PY) tools/bench_loader.py $(BENCH_ARGS)
 	$(BENCH_PY) tools/peers/report.py
 
 bench-quick: bench-setup
 	$(BENCH_PY) tools/bench_tokenize.py --quick $(BENCH_ARGS)
+	$(BENCH_PY) tools/bench_tokenize_coordinator.py --mb 20,60
 	$(BENCH_PY) tools/bench_loader.py --quick $(BENCH_ARGS)
 	$(BENCH_PY) tools/peers/report.py
 

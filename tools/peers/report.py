@@ -66,8 +66,13 @@ NOTES_TOKENIZE = """\
   and writing included). The raw engines tokenize texts already parsed, in warm forked processes, and write
   nothing: they are the ceiling of any pipeline built on them.
 - `dataflow tokenize` runs through the function the CLI calls (`dataflow.preprocess.run.tokenize`), with the CLI's
-  defaults: `--engine auto` picks tiktoken for GPT-2 once it has proven tiktoken gives `tokenizers`' ids.
-  The peers run `tokenizers` (what they do with a `tokenizer.json`); `--engine hf` is ours on the same engine.
+  defaults: `--engine auto` runs the fastest engine proven to give `tokenizers`' ids (gigatoken for GPT-2, then
+  tiktoken). The peers run `tokenizers` (what they do with a `tokenizer.json`); `--engine hf` is ours on the same
+  engine. Its time includes loading and proving the tokenizer and checking it on the input (the raw engines'
+  does not).
+- `dataflow tokenize ONE.jsonl.zst` is the same corpus as one zstd-compressed file, which the command decompresses
+  once and splits across its workers; its time is the summary's, and "whole command" is the wall time of the
+  `dataflow tokenize` process (interpreter start, imports and exit included).
 - "cores used" is the CPU time (user + system) of the tool's process and of its worker processes during its call,
   divided by its wall time: a tool whose main process works beside its workers uses more than `workers` cores.
 - Token ids: every tool's output is read back and its documents compared, as a multiset of token-id sequences
@@ -208,17 +213,40 @@ def headline(loader: dict | None, tok: dict | None) -> list[str]:
     return out
 
 
+def coordinator_section(d: dict) -> list[str]:
+    """tools/bench_tokenize_coordinator.py's figures: what the process the user started costs per GB, and the
+    per-node throughput that implies."""
+    lines = ["## Tokenize: scaling with cores", "",
+             f"`tools/bench_tokenize_coordinator.py`: `dataflow tokenize --workers {d['workers']}` on "
+             f"{d['sizes_mb'][0]:.0f} and {d['sizes_mb'][1]:.0f} MB of JSONL (distinct words), CPU time of the "
+             f"command's own process (`RUSAGE_SELF`) against its workers' (`RUSAGE_CHILDREN`), marginal between the "
+             f"two sizes so that the fixed start cancels:", ""]
+    ceiling = d["ceiling_mb_s"]
+    per_gb, share = max(d["coordinator_cpu_s_per_gb"], 0.0), max(d["coordinator_share"], 0.0)  # noise below 0
+    lines += [f"- the coordinator: {per_gb:.2f} CPU-s per GB of text, {share:.1%} of the run's marginal CPU "
+              f"(target: at most 3%: {'met' if share <= 0.03 else 'NOT met'})",
+              "- the per-node ceiling it sets: " + ("none measurable (its marginal CPU is within the noise)"
+                                                    if ceiling == float("inf") else f"{ceiling:,.0f} MB/s of text"),
+              f"- the workers: {d['worker_mb_s_per_core']:.1f} MB/s of text per busy core"]
+    for cores, mb_s in sorted(d["projection_mb_s"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"- projected at {cores} cores: {mb_s:,.0f} MB/s of text")
+    lines += [f"- one `.jsonl.zst` file is decompressed by one process: its serial ceiling is "
+              f"{d['zst_decompression_mb_s']:,.0f} MB/s of text here (many compressed files run in parallel)", ""]
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--loader", default=os.path.join(ROOT, "bench-out", "results", "loader.json"))
     p.add_argument("--tokenize", default=os.path.join(ROOT, "bench-out", "results", "tokenize.json"))
+    p.add_argument("--coordinator", default=os.path.join(ROOT, "bench-out", "results", "tokenize_coordinator.json"))
     p.add_argument("--md", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     p.add_argument("--png", default=os.path.join(ROOT, "docs", "benchmarks.png"))
     p.add_argument("--analysis", default=os.path.join(ROOT, "tools", "peers", "analysis.md"),
                    help="hand-written findings appended to the report (profiles, where time goes)")
     a = p.parse_args()
     load = lambda f: json.load(open(f)) if os.path.exists(f) else None  # noqa: E731
-    loader, tok = load(a.loader), load(a.tokenize)
+    loader, tok, coordinator = load(a.loader), load(a.tokenize), load(a.coordinator)
     if not loader and not tok:
         print("no results to report", file=sys.stderr)
         return 1
@@ -234,7 +262,8 @@ def main() -> int:
     md += ["", f"This page is the output of `make {'bench-quick' if quick else 'bench'}` ({size}). "
                f"Reproduce with `make bench-quick` (under 10 minutes on 2 cores after setup) or `make bench` (the full "
                f"run); both set up `.bench-venv` (torch 2.13.0 CPU, the project, the peers), run "
-               f"`tools/bench_tokenize.py` and `tools/bench_loader.py`, and rewrite this page and "
+               f"`tools/bench_tokenize.py`, `tools/bench_tokenize_coordinator.py` and `tools/bench_loader.py`, and "
+               f"rewrite this page and "
                f"`docs/benchmarks.png`.", "", "![tokens/s by tool and setting](benchmarks.png)", ""]
     if loader:
         md += ["## Targets", ""] + [f"- {x}" for x in loader["ratios"]["lines"]]
@@ -245,6 +274,8 @@ def main() -> int:
         md += ["## Loader", ""] + loader_tables(loader) + ["How it is measured:", "", NOTES_LOADER]
     if tok:
         md += ["## Tokenize", ""] + tokenize_tables(tok) + ["How it is measured:", "", NOTES_TOKENIZE]
+    if coordinator:
+        md += coordinator_section(coordinator)
     fails = [f"{r['label']} ({r['workers']} workers): {r['error']}" for d in (loader, tok) if d for r in d["results"]
              if "error" in r]
     md += [NOTES_INSTALL, ("Failed in this run: " + "; ".join(fails) + "." if fails else
