@@ -7,8 +7,8 @@ per file and library versions. Special tokens are removed from the file gigatoke
 
 gigatoken 0.10 caches the ids of every distinct piece it has seen, without bound (its issue #36): on
 terabytes of text a worker would grow until the machine runs out of memory. The engine therefore drops
-its tokenizer and loads a fresh one (~0.1 s) when the process has grown, since its first batch or the
-last load, by more than CACHE_BUDGET_BYTES (256 MB), or by more than HOSTILE_FLOOR_BYTES (40 MB) while
+its tokenizer and loads a fresh one (~0.1 s) when the process has grown, since its first batches after a
+start, by more than CACHE_BUDGET_BYTES (256 MB), or by more than HOSTILE_FLOOR_BYTES (40 MB) while
 growing faster than HOSTILE_RATE bytes per byte of text. The second rule tells the two kinds of input
 apart: on prose the cache pays for itself and its growth slows (measured on KJV text: +39 MB after 16 MB,
 +47 MB after 57 MB, +105 MB after 200 MB), so it keeps its cache up to the hard budget; on text whose
@@ -43,6 +43,9 @@ CACHE_BUDGET_BYTES = int(env.number("DATAFLOW_GIGATOKEN_CACHE_MB", 256, minimum=
 # ... or this much growth at more than HOSTILE_RATE bytes per byte of text encoded: a cache that does not pay
 HOSTILE_FLOOR_BYTES = min(40 << 20, CACHE_BUDGET_BYTES)
 HOSTILE_RATE = 2.0
+# growth counts from this batch after a start: the first ones allocate what every batch needs (a block's
+# arrays, the shard writer's queue), which would read as a cache growing faster than the text
+SETTLING_BATCHES = 2
 CACHE_BUDGET_TEXT = 1 << 30  # text between fresh starts where the RSS cannot be read (not Linux)
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
@@ -88,10 +91,8 @@ class GigatokenEngine:
         except Exception as e:  # gigatoken raises ValueError/RuntimeError for what it does not support
             first_line = (str(e).strip().splitlines() or [""])[0]
             raise NotConvertible(f"gigatoken cannot load it ({type(e).__name__}: {first_line})") from None
-        # growth counts from the first batch a process encodes (the buffers every batch needs are there by
-        # then) or, after a fresh start, from the load
-        self._base_rss, self._pid = (_rss_bytes(), os.getpid()) if self.restarts else (None, None)
-        self._text_since = 0
+        # growth counts from the SETTLING_BATCHES-th batch after a (fresh) start in this process
+        self._base_rss, self._pid, self._batches, self._text_since = None, os.getpid(), 0, 0
 
     def encode_flat(self, texts: pa.Array) -> Flat:
         """Ids of every text of a string array (no nulls) as flat values + offsets, zero-copy both ways."""
@@ -115,10 +116,14 @@ class GigatokenEngine:
     def _bound(self, text_bytes: int) -> None:
         """Start afresh when the process has grown past the budget, or fast and past the hostile floor (see
         the module docstring); where the RSS cannot be read, after CACHE_BUDGET_TEXT of text."""
-        self._text_since += text_bytes
         rss = _rss_bytes()
-        if os.getpid() != self._pid:  # the first batch of this process (a forked worker: its own first)
-            self._base_rss, self._pid, self._text_since = rss, os.getpid(), 0
+        if os.getpid() != self._pid:  # a forked worker's first batch: it counts from its own start
+            self._pid, self._batches = os.getpid(), 0
+        self._batches += 1
+        if self._batches <= SETTLING_BATCHES:  # the buffers every batch needs are still being allocated
+            self._base_rss, self._text_since = rss, 0
+            return
+        self._text_since += text_bytes
         if rss is None or self._base_rss is None:
             grown = self._text_since > CACHE_BUDGET_TEXT
         else:
