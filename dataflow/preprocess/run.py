@@ -8,8 +8,9 @@ error log, counters, journal), so the bytes depend only on the data and the sett
 of workers, the executor or interruptions. After committed bundles the journal (`journal.py`) records the
 progress, so a rerun of the same command continues where a crash stopped it.
 
-The start (`startup.py`: the tokenizer's engine proof and the input-sample check) overlaps the workers'
-first bundles; nothing is committed before it has passed. The end (`finish.py`) writes the manifests.
+The start (`startup.py`) loads and proves the tokenizer before the workers fork (they inherit it), and
+checks it on a sample of the input while they tokenize their first bundles; nothing is committed before
+that check has passed. The end (`finish.py`) writes the manifests.
 This module only wires those together.
 """
 

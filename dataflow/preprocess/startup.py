@@ -2,9 +2,9 @@
 
 Every check that can refuse a run happens here, before anything is committed: work of other settings, a
 first record without the text field, a tokenizer that does not load, an engine whose ids differ from the
-tokenizer's own on a sample of the input. The slow ones (the engine proof and the sample check) run while
-the workers already tokenize the first bundles (`run.py`): their shards stay in the scratch folder, which
-no journal lists, until these checks have passed.
+tokenizer's own on a sample of the input. The tokenizer is loaded and its engine proven before the workers
+start, so that forked workers inherit it; the input-sample check runs while they already tokenize the first
+bundles (`run.py`): their shards stay in the scratch folder, which no journal lists, until it has passed.
 """
 
 from __future__ import annotations
