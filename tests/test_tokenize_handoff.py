@@ -90,3 +90,20 @@ def test_spilled_and_carried_pieces_give_the_same_dataset(tmp_path, zst):
     shards = [{k: v for k, v in dataset_bytes(tmp_path / out).items() if "shard-" in k} for out in ("zst", "plain")]
     assert shards[0] == shards[1] and len(shards[0]) > 2
     assert not any((tmp_path / "zst").rglob("piece-*"))
+
+
+@pytest.mark.heavy  # a Ray cluster in-process (make test-all)
+def test_ray_tasks_get_the_pieces_with_their_bytes_and_make_the_same_shards(tmp_path, zst):
+    """Ray tasks may run on other machines, which cannot read this one's spill files: there a piece carries
+    its bytes, and the shards are those of the local pool, which spills."""
+    import ray
+
+    settings = dict(inputs=[str(zst[0])], unit_bytes=64 << 10, workers=2, shard_size="64KB", progress=False)
+    tokenize(TokenizeConfig(out=str(tmp_path / "local"), **settings))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        tokenize(TokenizeConfig(out=str(tmp_path / "ray"), executor="ray", **settings))
+    finally:
+        ray.shutdown()
+    shards = [{k: v for k, v in dataset_bytes(tmp_path / out).items() if "shard-" in k} for out in ("local", "ray")]
+    assert shards[0] == shards[1] and len(shards[0]) > 2
