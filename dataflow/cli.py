@@ -80,7 +80,8 @@ def _shard_files(root: str, stack: contextlib.ExitStack):
     import tempfile
 
     from dataflow.formats.reader import Fetched
-    from dataflow.loading.storage import Storage, is_remote
+    from dataflow.formats.remote import is_remote
+    from dataflow.loading.storage import Storage
 
     if not is_remote(root):
         return None

@@ -12,6 +12,7 @@ from typing import Iterator
 import numpy as np
 
 from dataflow.errors import ConfigError, FormatError
+from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, TokenizerMeta, read_manifest
 from dataflow.formats.reader import iter_documents
 
@@ -101,7 +102,7 @@ def open_datasets(paths: list[str]) -> Datasets:
     """Read the manifests of local datasets (folders or their index.json) that share one tokenizer."""
     folders, manifests = [], []
     for p in paths:
-        if "://" in p and not p.startswith("file://"):
+        if remote.is_remote(p):
             raise ConfigError(f"{p}: convert --to reads local datasets; download it first (e.g. with the "
                               f"fsspec/cloud CLI), then convert the local copy")
         p = p[len("file://"):] if p.startswith("file://") else p

@@ -225,12 +225,12 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
             return f.read()
 
     try:
-        raw = remote.with_retries(url, read) if _remote(url) else read()
+        raw = remote.with_retries(url, read) if remote.is_remote(url) else read()
     except (FileNotFoundError, NotADirectoryError) as e:
         raise _not_found(str(dataset), url, e) from cause(e)
     except Exception as e:
         err = explain(url, e)
-        if err is None and _remote(url):
+        if err is None and remote.is_remote(url):
             err = read_failed(url, e)  # a server's error on the manifest: one line, exit 1
         if err is None:
             raise
@@ -248,14 +248,10 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
     return Manifest.from_dict(d, where=url)
 
 
-def _remote(url: str) -> bool:
-    return "://" in url and not url.startswith("file://")
-
-
 def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
     """Why `url` is not there: an unreachable host (fsspec's http reports it as not found), a raw file or a
     missing path given where a dataset is expected, a folder of splits, or a folder without a manifest."""
-    if _remote(url):
+    if remote.is_remote(url):
         err = explain(url, e)
         if err is not None and not isinstance(err, FormatError):
             return err

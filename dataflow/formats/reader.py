@@ -18,6 +18,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 import numpy as np
 
 from dataflow.errors import ConfigError, FormatError
+from dataflow.formats import remote
 from dataflow.formats.arrow import ArrowShard
 from dataflow.formats.manifest import Manifest, ShardInfo
 from dataflow.formats.tar import parse_tar_shard, read_tar_stream
@@ -77,7 +78,7 @@ def shard_files(dataset: str, files: ShardFiles | None = None) -> ShardFiles:
     """`files` when given, else the dataset's shards in place; a URL needs `files` (see the module's doc)."""
     if files is not None:
         return files
-    if "://" in dataset and not dataset.startswith("file://"):
+    if remote.is_remote(dataset):
         raise ConfigError(f"{dataset}: a dataset at a URL is read through downloads: pass files= (the "
                           "`dataflow` commands do), or use dataflow.StreamingDataset")
     return InPlace(dataset.removeprefix("file://"))

@@ -33,7 +33,7 @@ from dataflow.loading.download import download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
 from dataflow.loading.cache import lock, release, unlock
 
-__all__ = ["Storage", "StorageError", "default_cache_dir", "is_remote", "fetch_ahead"]
+__all__ = ["Storage", "StorageError", "default_cache_dir", "fetch_ahead"]
 log = logging.getLogger(__name__)
 
 RETRIES = remote.RETRIES  # attempts per download
@@ -41,11 +41,6 @@ FETCH_AHEAD_WORKERS = 4  # concurrent background downloads per process
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
 
 
-
-
-def is_remote(root: str) -> bool:
-    """True for URLs other than `file://` (those are read in place)."""
-    return "://" in root and not root.startswith("file://")
 
 
 class Storage:
@@ -67,7 +62,7 @@ class Storage:
                  storage_options: dict[str, Any] | None = None, fetch_ahead_workers: int = FETCH_AHEAD_WORKERS,
                  retries: int = RETRIES):
         self.root = root[len("file://"):] if root.startswith("file://") else root
-        self.remote = is_remote(self.root)
+        self.remote = remote.is_remote(self.root)
         if self.root.endswith(".json"):  # the manifest itself was named: shards are beside it
             self.root = posixpath.dirname(self.root) if self.remote else os.path.dirname(self.root)
         self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())

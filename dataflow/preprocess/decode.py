@@ -33,7 +33,7 @@ def decode_documents(dataset: str, manifest: Manifest, files: ShardFiles | None 
 
 def dataset_tokenizer(dataset: str, meta: TokenizerMeta, storage_options: dict[str, Any] | None = None) -> Tokenizer:
     """The tokenizer a dataset (a folder or a URL) was written with, from its copy beside the manifest."""
-    if not remote_url(dataset) or meta.kind == "bytes" or not meta.file:
+    if not remote.is_remote(dataset) or meta.kind == "bytes" or not meta.file:
         return tokenizer_for_dataset(dataset.removeprefix("file://"), meta)
     with tempfile.TemporaryDirectory(prefix="dataflow-tokenizer-") as tmp:
         local = os.path.join(tmp, *meta.file.split("/"))
@@ -67,7 +67,3 @@ def _fetch(url: str, meta: TokenizerMeta, storage_options: dict[str, Any] | None
                           "damaged: re-upload it or re-create the dataset")
     return data
 
-
-def remote_url(path: str) -> bool:
-    """An fsspec URL other than `file://` (read through downloads, not in place)."""
-    return "://" in path and not path.startswith("file://")

@@ -6,6 +6,7 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
+from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME
 from dataflow.preprocess import output
 
@@ -20,7 +21,7 @@ class Layout:
 
     def __init__(self, cfg: TokenizeConfig):
         self.out = cfg.out
-        self.remote = output.is_remote(cfg.out)  # an object store: see output.py
+        self.remote = remote.is_remote(cfg.out)  # an object store: see output.py
         self.splits = ["train"] if cfg.val_fraction <= 0 else ["train", "val"]
         self.tasked = cfg.num_tasks > 1
         tag = f"{cfg.task_index:05d}"

@@ -60,7 +60,7 @@ def _merge_split(fs: Any, root: str, url: str) -> Manifest:
                         dtype=first.dtype, shards=shards, provenance=provenance)
     if first.tokenizer.file:  # beside the manifest, where readers look for it; never a shard's bytes
         _copy_tokenizer(fs, root, url, first_part, first.tokenizer.file)
-    if output.is_remote(url):
+    if remote.is_remote(url):
         _call(url, lambda: output.write_remote_manifest(url, manifest))  # the commit point: one PUT
     else:
         write_manifest(url, manifest)

@@ -19,16 +19,12 @@ from dataclasses import replace
 
 import fsspec
 
+from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, manifest_url
 
 
-def is_remote(out: str) -> bool:
-    """An fsspec URL other than a local path (`file://` counts as local)."""
-    return "://" in out and not out.startswith("file://")
-
-
 def join(base: str, name: str) -> str:
-    return posixpath.join(base.rstrip("/"), name) if is_remote(base) else os.path.join(base, name)
+    return posixpath.join(base.rstrip("/"), name) if remote.is_remote(base) else os.path.join(base, name)
 
 
 def local_work_root(out: str) -> str:

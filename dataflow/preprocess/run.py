@@ -242,17 +242,21 @@ def _start_workers(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, 
     loaded here), then check it on the input meanwhile. Should the check settle on `tokenizers` instead of
     the engine the workers were given, their shards are dropped and they start again.
     Returns the checked tokenizer and the spec the bundles run with."""
+
+    def launch(tok: Tokenizer) -> UnitSpec:
+        # the workers are told the engine asked for, unless the checks here settled on `tokenizers`
+        spec = startup.unit_spec(cfg, layout, tok, "hf" if tok.engine == "hf" else cfg.engine)
+        adopt_tokenizer(spec.tokenizer, spec.engine, tok)  # before the workers fork; bundles run here use it too
+        executor.submit(work(), spec, scratch)
+        return spec
+
     tok = startup.proven_tokenizer(cfg)
-    spec = startup.unit_spec(cfg, layout, tok, _engine(cfg, tok))
-    adopt_tokenizer(spec.tokenizer, spec.engine, tok)  # before the workers fork; bundles run here use it too
-    executor.submit(work(), spec, scratch)
+    spec = launch(tok)
     tok = startup.check_on_input(cfg, tok, plan.units)
-    if _engine(cfg, tok) != spec.engine:
+    if tok.engine == "hf" and spec.engine != "hf":
         executor.stop(now=True)
         shutil.rmtree(scratch, ignore_errors=True)
-        spec = startup.unit_spec(cfg, layout, tok, _engine(cfg, tok))
-        adopt_tokenizer(spec.tokenizer, spec.engine, tok)
-        executor.submit(work(), spec, scratch)
+        spec = launch(tok)
     return tok, spec
 
 
@@ -261,11 +265,6 @@ def _spill_folder(scratch: str) -> str:
     may still be writing) never writes into the next one's."""
     os.makedirs(scratch, exist_ok=True)
     return tempfile.mkdtemp(prefix="pieces-", dir=scratch)
-
-
-def _engine(cfg: TokenizeConfig, tok: Tokenizer) -> str:
-    """The engine workers are told to load: the one asked for, unless the checks here settled on `tokenizers`."""
-    return "hf" if tok.engine == "hf" and startup.proves_an_engine(cfg) else cfg.engine
 
 
 def _commit_all(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, results: Iterator,
