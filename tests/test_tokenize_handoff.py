@@ -66,7 +66,7 @@ def test_pieces_travel_as_spill_files_that_the_worker_deletes(tmp_path, zst):
         assert [x.texts.to_pylist() for x in a] == [x.texts.to_pylist() for x in b]
         assert [x.starts.tolist() for x in a] == [x.starts.tolist() for x in b]
     spec = UnitSpec("bytes", "auto", "text", "id", 256, load_tokenizer("bytes").meta)
-    result = tokenize_bundle([pieces[0]], spec, str(tmp_path / "scratch"))
+    [result] = tokenize_bundle([pieces[0]], spec, str(tmp_path / "scratch"))
     assert result.documents > 0 and not os.path.exists(pieces[0].spill)
 
 

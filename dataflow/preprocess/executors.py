@@ -73,7 +73,7 @@ class InProcessExecutor(Executor):
     def results(self) -> Iterator[BundleResult]:
         bundles, spec, scratch = self._work
         for bundle in bundles:
-            yield tokenize_bundle(bundle, spec, scratch)
+            yield from tokenize_bundle(bundle, spec, scratch)
 
 
 def _warm(tokenizer: str, engine: str) -> None:
@@ -121,7 +121,7 @@ class LocalPoolExecutor(Executor):
 
     def results(self) -> Iterator[BundleResult]:
         for future in self._futures:
-            yield future.result()
+            yield from future.result()
 
     def stop(self, now: bool = False) -> None:
         """`now`: kill the workers first (the feeder's next submit then fails and it ends), else let them
@@ -187,7 +187,7 @@ class RayExecutor(Executor):
             nxt = next(self._todo, None)
             if nxt is not None:
                 self._pending.append(self._launch(nxt))
-            yield result
+            yield from result
 
     def stop(self, now: bool = False) -> None:
         pending, self._pending = self._pending, deque()

@@ -3,9 +3,10 @@
 Units are numbered in input order. Each input kind's reader says how its files are cut (`readers/`):
 uncompressed JSONL into byte ranges aligned to line ends (so one huge file spreads over all workers),
 Parquet into row groups; a compressed JSONL file is one unit here, cut into pieces of its decompressed
-stream as it is read (`readers/pieces.py`). Consecutive small units (small files, row groups, the tail
-of a cut file) are grouped into bundles of at most `unit_bytes`: a bundle (or a piece) is what one worker
-tokenizes into finished shards, so shards never span bundles.
+stream as it is read (`readers/pieces.py`: by the coordinator, or by the worker that reads the file whole
+when there are enough such files to keep every worker busy; the same pieces either way). Consecutive small
+units (small files, row groups, the tail of a cut file) are grouped into bundles of at most `unit_bytes`: a
+bundle (or a piece) is what one worker tokenizes into finished shards, so shards never span bundles.
 The cut depends on the inputs and `unit_bytes` only, never on the number of workers: it fixes the shard
 boundaries, so `unit_bytes` is an output setting.
 """
@@ -39,6 +40,7 @@ class Unit:
     spill: str = ""
     last: bool = True
     read: int = 0
+    skip: int = 0  # a compressed JSONL file sent whole to a worker: its pieces before this one are committed
 
     def without_data(self) -> "Unit":
         """This unit without the bytes of a piece (what travels back from a worker)."""

@@ -38,7 +38,7 @@ from dataflow.preprocess.executors import Executor, check_executor, make_executo
 from dataflow.preprocess.finish import copy_tokenizer, finished_counts, write_manifests
 from dataflow.preprocess.journal import Progress, load_progress
 from dataflow.preprocess.layout import Layout
-from dataflow.preprocess.readers import expand
+from dataflow.preprocess.readers import expand, workers_read_whole
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.readers import expand_inputs
@@ -213,8 +213,11 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     startup.remove_leftovers(layout, journaled)
     with make_executor(cfg.executor, workers, cfg.tokenizer, cfg.engine) as executor:
 
+        whole = workers_read_whole(todo, workers)  # each compressed file read by its worker, else cut here
+
         def work() -> Iterator[list[Unit]]:  # read again if the workers start again
-            return expand(todo, unit_bytes, start[1], _spill_folder(scratch) if executor.local else None)
+            spill = _spill_folder(scratch) if executor.local and not whole else None
+            return expand(todo, unit_bytes, start[1], spill, whole)
 
         try:
             tok, spec = _start_workers(cfg, layout, plan, executor, work, scratch)

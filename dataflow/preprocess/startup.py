@@ -135,7 +135,8 @@ def unit_spec(cfg: TokenizeConfig, layout: Layout, tok: Tokenizer, engine: str) 
     return UnitSpec(cfg.tokenizer, engine, cfg.text_field, cfg.id_field, tok.meta.eos_id if cfg.eos else None,
                     tok.meta, tuple(layout.splits), cfg.format, cfg.compression, parse_size(cfg.shard_size),
                     cfg.zstd_level, cfg.seed, cfg.val_fraction,
-                    {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None)
+                    {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None,
+                    piece_bytes=cfg.unit_bytes or DEFAULT_UNIT_BYTES)
 
 
 def remove_leftovers(layout: Layout, journaled: Progress | None) -> None:

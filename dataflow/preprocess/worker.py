@@ -1,4 +1,5 @@
-"""The worker side of `dataflow tokenize`: one bundle of units (or one piece) -> finished shard files.
+"""The worker side of `dataflow tokenize`: one bundle of units (or one piece) -> finished shard files; a
+compressed JSONL file sent whole -> the same, for each of the pieces it cuts the file into.
 
 A worker reads its units, tokenizes them a block at a time, names the documents that carry no id, assigns
 each document to train or val, and writes the shards of every split itself: compressed, hashed and
@@ -23,10 +24,10 @@ import pyarrow.compute as pc
 from dataflow.formats.manifest import ShardInfo, TokenizerMeta
 from dataflow.formats.writer import DocIds, ShardWriter
 from dataflow.formats import arrays
-from dataflow.preprocess.readers import Block, read_unit_blocks
+from dataflow.preprocess.readers import Block, pieces, read_unit_blocks, splits_into_pieces
 from dataflow.preprocess.flat import append_eos, string_buffers
 from dataflow.preprocess.output import upload_shards
-from dataflow.preprocess.plan import Unit
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit
 from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
 
 
@@ -48,6 +49,7 @@ class UnitSpec:
     seed: int = 0
     val_fraction: float = 0.0
     remote_dirs: dict[str, str] | None = None  # object-store output: each split's URL, where workers upload
+    piece_bytes: int = DEFAULT_UNIT_BYTES  # how a compressed file sent whole is cut (as the coordinator would)
 
 
 @dataclass
@@ -97,16 +99,39 @@ def shard_prefix(unit: Unit, split: str) -> str:
     return f"unit-{unit.index:08d}-{max(unit.piece, 0):06d}-{split}-"
 
 
-def tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> BundleResult:
+def tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> list[BundleResult]:
     """Tokenize a bundle of units into finished shards in `scratch` (one or more per split that got
-    documents; a shard closes at `spec.shard_size` bytes of tokens and at the end of the bundle)."""
+    documents; a shard closes at `spec.shard_size` bytes of tokens and at the end of the bundle): its result.
+    A compressed JSONL file sent whole is cut here, as the coordinator would cut it: one result per piece."""
+    if len(bundle) == 1 and splits_into_pieces(bundle[0]):
+        return _tokenize_pieces(bundle[0], spec, scratch)
     try:
-        return _tokenize_bundle(bundle, spec, scratch)
+        return [_tokenize_bundle(bundle, spec, scratch)]
     finally:
         for unit in bundle:  # a piece's spill file is this worker's once handed over: read or failed, it goes
             if unit.spill:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(unit.spill)
+
+
+def _tokenize_pieces(unit: Unit, spec: UnitSpec, scratch: str) -> list[BundleResult]:
+    """A compressed JSONL file from piece `unit.skip` on, each piece tokenized as a bundle of its own; on a
+    failure the shards of the pieces done go too (no result is returned for them)."""
+    results: list[BundleResult] = []
+    try:
+        for piece in pieces(unit, spec.piece_bytes, unit.skip):
+            results.append(_tokenize_bundle([piece], spec, scratch))
+    except BaseException:
+        for result in results:
+            _remove_shards(scratch, [s for shards in result.shards.values() for s in shards])
+        raise
+    return results
+
+
+def _remove_shards(scratch: str, shards: list[ShardInfo]) -> None:
+    for shard in shards:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(scratch, shard.path))
 
 
 def _tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> BundleResult:
@@ -132,9 +157,7 @@ def _tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> Bundle
     except BaseException:
         for w in writers.values():
             w.abort()
-            for shard in w.shards:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(scratch, shard.path))
+            _remove_shards(scratch, w.shards)
         raise
     return result
 

@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING, Iterator
 from dataflow.preprocess.readers import datasets_folder, jsonl, parquet, text
 from dataflow.preprocess.readers.compressed import read_errors
 from dataflow.preprocess.readers.listing import expand_inputs, input_kind, split_compression
-from dataflow.preprocess.readers.pieces import expand, pieces, splits_into_pieces
+from dataflow.preprocess.readers.pieces import expand, pieces, splits_into_pieces, workers_read_whole
 from dataflow.preprocess.readers.records import Block, Span
 
 if TYPE_CHECKING:
     from dataflow.preprocess.plan import Unit
 
 __all__ = ["Block", "Span", "expand", "expand_inputs", "first_record_fields", "input_kind", "pieces",
-           "read_unit_blocks", "read_unit_start", "spans", "split_compression", "splits_into_pieces"]
+           "read_unit_blocks", "read_unit_start", "spans", "split_compression", "splits_into_pieces",
+           "workers_read_whole"]
 
 SAMPLE_BLOCK_BYTES = 1 << 18
 _KINDS = {"jsonl": jsonl, "parquet": parquet, "text": text, "arrow": datasets_folder}

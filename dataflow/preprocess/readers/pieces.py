@@ -9,6 +9,13 @@ the bytes through the pool's pipe copied each byte about eight times). Without a
 on other machines) a piece carries its bytes (`Unit.data`).
 The cut depends only on the decompressed bytes and `piece_bytes`, so a resumed run (which skips the
 pieces it committed) and any number of workers see the same pieces.
+
+Cutting in the coordinator makes it the one process that decompresses every byte: right for a few large
+files (it is the only way to spread one over the workers), a serial ceiling for many (a corpus shipped as
+thousands of `.jsonl.zst` files), and with Ray a funnel through the driver. So when there are at least
+WHOLE_FILES_PER_WORKER compressed files per worker, each goes to a worker whole, which cuts it into the
+same pieces itself (`worker.tokenize_bundle`) and tokenizes each into the shards the coordinator's cut
+would have given: the same bytes either way, and the decompression spread over the workers.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ if TYPE_CHECKING:
 
 READ_SIZE = 8 << 20  # compressed bytes per read of the source
 SLACK = 1 << 20  # decompressed bytes read past a piece's boundary, to find the end of its line
+WHOLE_FILES_PER_WORKER = 2  # compressed files per worker from which each worker reads its own files whole
 
 
 def splits_into_pieces(unit: "Unit") -> bool:
@@ -34,14 +42,25 @@ def splits_into_pieces(unit: "Unit") -> bool:
     return unit.kind == "jsonl" and unit.piece < 0 and split_compression(unit.file)[1] is not None
 
 
+def workers_read_whole(bundles: list[list["Unit"]], workers: int) -> bool:
+    """Whether each compressed JSONL file of `bundles` goes to a worker whole (see the module): when there
+    are at least WHOLE_FILES_PER_WORKER of them per worker."""
+    files = sum(1 for bundle in bundles if len(bundle) == 1 and splits_into_pieces(bundle[0]))
+    return files >= WHOLE_FILES_PER_WORKER * max(workers, 1)
+
+
 def expand(bundles: Iterable[list["Unit"]], piece_bytes: int, first_piece: int = 0,
-           spill_dir: str | None = None) -> Iterator[list["Unit"]]:
+           spill_dir: str | None = None, whole: bool = False) -> Iterator[list["Unit"]]:
     """`bundles` with each compressed JSONL file replaced by its pieces, each a bundle of its own (the first
-    bundle resumes at `first_piece`); `spill_dir`: where the pieces' bytes go (else they travel in the unit)."""
+    bundle resumes at `first_piece`); `spill_dir`: where the pieces' bytes go (else they travel in the unit).
+    `whole`: the files stay whole instead, for their workers to cut (the first one's `skip` set to resume)."""
     for n, bundle in enumerate(bundles):
         if len(bundle) == 1 and splits_into_pieces(bundle[0]):
             skip = first_piece if n == 0 else 0
-            yield from ([piece] for piece in pieces(bundle[0], piece_bytes, skip, spill_dir))
+            if whole:
+                yield [dataclasses.replace(bundle[0], skip=skip)]
+            else:
+                yield from ([piece] for piece in pieces(bundle[0], piece_bytes, skip, spill_dir))
         else:
             yield bundle
 

@@ -1,0 +1,132 @@
+"""Many compressed JSONL files: each goes to a worker whole, which cuts it into the pieces the coordinator
+would have cut, so that no single process decompresses the whole corpus (nor, with Ray, ships it) and the
+bytes stay those of any other run: plain files, fewer files than workers (the coordinator cuts), a resume."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import zstandard
+
+import tokenize_kill_points as kill_points
+from conftest import GPT2_JSON
+from dataflow.preprocess.run import TokenizeConfig, tokenize
+from test_tokenize_compressed import run, same_data
+from test_tokenize_scale import dataset_bytes
+
+FILES = 4
+pieces_module = importlib.import_module("dataflow.preprocess.readers.pieces")  # (the package's `pieces` is
+# the function of that name)
+
+
+@pytest.fixture(scope="module")
+def parts(kjv, tmp_path_factory) -> Path:
+    """The first 600 KJV documents as 4 files, each as .jsonl (folder plain/) and .jsonl.zst (zst/), with a
+    bad record inside the third."""
+    with open(kjv, "rb") as f:
+        lines = zstandard.ZstdDecompressor().stream_reader(f).read().splitlines(keepends=True)[:600]
+    lines.insert(370, b"not json\n")
+    root = tmp_path_factory.mktemp("parts")
+    for kind in ("plain", "zst"):
+        (root / kind).mkdir()
+    step = -(-len(lines) // FILES)
+    for k in range(FILES):
+        data = b"".join(lines[k * step:(k + 1) * step])
+        (root / "plain" / f"part-{k}.jsonl").write_bytes(data)
+        (root / "zst" / f"part-{k}.jsonl.zst").write_bytes(zstandard.ZstdCompressor(level=3).compress(data))
+    return root
+
+
+def _cutters(tmp_path: Path, monkeypatch) -> Path:
+    """A file that gets the pid of every process that cuts a compressed stream (forked workers too)."""
+    log = tmp_path / "cutters"
+    original = pieces_module._cut
+
+    def logged(f, piece_bytes):
+        with open(log, "a") as out:
+            out.write(f"{os.getpid()}\n")
+        yield from original(f, piece_bytes)
+
+    monkeypatch.setattr(pieces_module, "_cut", logged)
+    return log
+
+
+def test_the_workers_cut_many_compressed_files_and_the_bytes_are_those_of_the_coordinators_cut(
+        tmp_path, parts, monkeypatch):
+    settings = dict(tokenizer=str(GPT2_JSON), unit_bytes=64 << 10, shard_size="256KB", progress=False)
+    tokenize(TokenizeConfig(inputs=[str(parts / "plain")], out=str(tmp_path / "plain"), workers=1, **settings))
+    log = _cutters(tmp_path, monkeypatch)
+    # 4 files for 1 worker: each file goes to the worker whole; for 3 workers, too few: this process cuts them
+    for workers in (1, 3):
+        log.unlink(missing_ok=True)
+        tokenize(TokenizeConfig(inputs=[str(parts / "zst")], out=str(tmp_path / f"zst{workers}"), workers=workers,
+                                **settings))
+        cutters = log.read_text().split()
+        assert len(cutters) == FILES
+        assert (str(os.getpid()) in cutters) == (workers == 3), (workers, cutters)
+        assert same_data(tmp_path / f"zst{workers}") == same_data(tmp_path / "plain")
+    errors = {out: [(e["file"].rsplit("/", 1)[-1].removesuffix(".zst"), e["line"]) for e in map(
+        json.loads, (tmp_path / out / "_errors.jsonl").read_text().splitlines())] for out in ("plain", "zst1", "zst3")}
+    assert errors["zst1"] == errors["zst3"] == errors["plain"] == [("part-2.jsonl", 69)]
+
+
+def test_a_kill_9_in_the_middle_of_a_file_a_worker_reads_whole_resumes_to_the_same_bytes(tmp_path, parts):
+    src = parts / "zst"
+    run(src, tmp_path / "ref", "--workers", "1", "--no-progress", "--unit-size", "128KB")  # 5 pieces a file
+    out = tmp_path / "killed"
+    journal = out / "_work" / "task-00000" / "journal.json"
+    args = ["tokenize", src, "-o", out, "--no-progress", "--shard-size", "512KB", "--unit-size", "128KB",
+            "--workers", "1"]
+    for piece in (2, 4):  # each run resumes the one before and is killed once this many pieces are committed
+        p = subprocess.run(kill_points.command({"next_piece": piece}, *args), capture_output=True, text=True)
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        progress = json.loads(journal.read_text())
+        assert (progress["next_unit"], progress["next_piece"]) == (0, piece)  # inside the first file
+    run(src, out, "--workers", "1", "--no-progress", "--unit-size", "128KB")
+    assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
+    assert not (out / "_work").exists()
+
+
+def test_a_damaged_file_read_whole_by_a_worker_is_one_line_naming_it(tmp_path, parts):
+    src = tmp_path / "zst"
+    src.mkdir()
+    for f in (parts / "zst").iterdir():
+        data = f.read_bytes()
+        if f.name == "part-1.jsonl.zst":
+            data = data[:len(data) // 2] + b"\x00" * 64 + data[len(data) // 2 + 64:]
+        (src / f.name).write_bytes(data)
+    p = run(src, tmp_path / "out", "--workers", "1", "--no-progress", check=False)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert p.stderr.count("\n") == 1 and "part-1.jsonl.zst" in p.stderr and "damaged compressed stream" in p.stderr
+    # the first file is committed; nothing of the damaged one is, and no shard of it is left lying about
+    assert json.loads((tmp_path / "out" / "_work" / "task-00000" / "journal.json").read_text())["next_unit"] == 1
+    assert not list((tmp_path / "out" / "_work").rglob("unit-00000001-*"))
+
+
+@pytest.mark.heavy  # a Ray cluster in-process (make test-all)
+def test_ray_tasks_read_many_compressed_files_themselves(tmp_path, parts, monkeypatch):
+    """The driver neither decompresses nor ships the files: each task reads its own, and the shards are those
+    of the local pool."""
+    import ray
+
+    settings = dict(inputs=[str(parts / "zst")], tokenizer=str(GPT2_JSON), unit_bytes=64 << 10, workers=2,
+                    shard_size="64KB", progress=False)
+    tokenize(TokenizeConfig(out=str(tmp_path / "local"), **settings))
+
+    def no_cutting_here(*args, **kwargs):
+        raise AssertionError("the driver cut a compressed file")
+
+    monkeypatch.setattr(pieces_module, "pieces", no_cutting_here)  # Ray's workers import their own copy
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        tokenize(TokenizeConfig(out=str(tmp_path / "ray"), executor="ray", **settings))
+    finally:
+        ray.shutdown()
+    shards = [{k: v for k, v in dataset_bytes(tmp_path / out).items() if "shard-" in k} for out in ("local", "ray")]
+    assert shards[0] == shards[1] and len(shards[0]) > 4
