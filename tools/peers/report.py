@@ -230,13 +230,19 @@ def coordinator_section(d: dict) -> list[str]:
     per_gb, share = max(d["coordinator_cpu_s_per_gb"], 0.0), max(d["coordinator_share"], 0.0)  # noise below 0
     lines += [f"- the coordinator: {per_gb:.2f} CPU-s per GB of text, {share:.1%} of the run's marginal CPU "
               f"(target: at most 3%: {'met' if share <= 0.03 else 'NOT met'})",
+              *([f"- the coordinator from its first commit to its last (the work that grows with the input): "
+                 f"{d['committing_cpu_s_per_gb']:.2f} CPU-s per GB of text"] if "committing_cpu_s_per_gb" in d else []),
               "- the per-node ceiling it sets: " + ("none measurable (its marginal CPU is within the noise)"
                                                     if ceiling == float("inf") else f"{ceiling:,.0f} MB/s of text"),
               f"- the workers: {d['worker_mb_s_per_core']:.1f} MB/s of text per busy core"]
     for cores, mb_s in sorted(d["projection_mb_s"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"- projected at {cores} cores: {mb_s:,.0f} MB/s of text")
-    lines += [f"- one `.jsonl.zst` file is decompressed by one process: its serial ceiling is "
-              f"{d['zst_decompression_mb_s']:,.0f} MB/s of text here (many compressed files run in parallel)", ""]
+    lines.append(f"- one `.jsonl.zst` file is decompressed by one process: its serial ceiling is "
+                 f"{d['zst_decompression_mb_s']:,.0f} MB/s of text here")
+    if "zst_files_coordinator_share" in d:  # (results of an older benchmark lack it)
+        lines.append(f"- the same corpus as {d['zst_files']} `.jsonl.zst` files (each worker decompresses its own): "
+                     f"the coordinator's share {max(d['zst_files_coordinator_share'], 0.0):.1%} of the marginal CPU")
+    return lines + [""]
     return lines
 
 
