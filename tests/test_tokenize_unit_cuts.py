@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 
@@ -105,6 +106,11 @@ def test_pieces_of_a_compressed_file_read_each_line_once(tmp_path, seed):
         assert all(p.data.endswith(b"\n") for p in cut[:-1]) and [p.last for p in cut].count(True) == 1
         got = block_records(b for p in cut for b in read_unit_blocks(p))
         assert got == expected(data), (seed, piece)
+        spill = tmp_path / f"spill-{piece}"  # decompressed straight into each piece's file: the same cut
+        spill.mkdir()
+        spilled = list(pieces(Unit(0, str(path), "jsonl", size=path.stat().st_size), piece, spill_dir=str(spill)))
+        assert [open(p.spill, "rb").read() for p in spilled] == [p.data for p in cut]
+        assert sorted(os.listdir(spill)) == sorted(os.path.basename(p.spill) for p in spilled)
 
 
 @pytest.fixture(scope="module")

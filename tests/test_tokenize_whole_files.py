@@ -48,10 +48,10 @@ def _cutters(tmp_path: Path, monkeypatch) -> Path:
     log = tmp_path / "cutters"
     original = pieces_module._cut
 
-    def logged(f, piece_bytes):
+    def logged(*args):
         with open(log, "a") as out:
             out.write(f"{os.getpid()}\n")
-        yield from original(f, piece_bytes)
+        yield from original(*args)
 
     monkeypatch.setattr(pieces_module, "_cut", logged)
     return log
