@@ -90,13 +90,20 @@ def test_kill_9_in_the_middle_of_a_compressed_file_resumes_to_the_same_bytes(tmp
     journal = out / "_work" / "task-00000" / "journal.json"
     args = ["tokenize", src, "-o", out, "--no-progress", "--shard-size", "512KB", "--unit-size", "256KB",
             "--workers", "2"]
-    for piece in (3, 9):  # each run resumes the one before and is killed once this many pieces are committed
-        p = subprocess.run(kill_points.command({"next_piece": piece}, *args), capture_output=True, text=True)
-        assert p.returncode == -signal.SIGKILL, p.stderr
-        assert json.loads(journal.read_text())["next_piece"] == piece  # in the middle of the one file
+    kill_at_pieces(args, journal, (3, 9))  # in the middle of the one file
     run(src, out, "--workers", "1", "--no-progress")
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert not (out / "_work").exists()
+
+
+def kill_at_pieces(args: list, journal, pieces: tuple[int, ...]) -> None:
+    """Run `dataflow *args` once per number in `pieces`, each resuming the one before and killed once that many
+    pieces of the first file are committed."""
+    for piece in pieces:
+        p = subprocess.run(kill_points.command({"next_piece": piece}, *args), capture_output=True, text=True)
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        progress = json.loads(journal.read_text())
+        assert (progress["next_unit"], progress["next_piece"]) == (0, piece), progress
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import zstandard
@@ -96,14 +97,21 @@ def test_spilled_and_carried_pieces_give_the_same_dataset(tmp_path, zst):
 def test_ray_tasks_get_the_pieces_with_their_bytes_and_make_the_same_shards(tmp_path, zst):
     """Ray tasks may run on other machines, which cannot read this one's spill files: there a piece carries
     its bytes, and the shards are those of the local pool, which spills."""
+    local, ray = local_and_ray_shards(tmp_path, lambda: None, inputs=[str(zst[0])], unit_bytes=64 << 10, workers=2,
+                                      shard_size="64KB", progress=False)
+    assert local == ray and len(local) > 2
+
+
+def local_and_ray_shards(tmp_path: Path, before_ray: Callable[[], None], **settings: Any) -> list[dict[str, bytes]]:
+    """The shards of a tokenize on the local pool, then (after `before_ray()`) of the same on Ray tasks, in an
+    in-process cluster of 2 CPUs."""
     import ray
 
-    settings = dict(inputs=[str(zst[0])], unit_bytes=64 << 10, workers=2, shard_size="64KB", progress=False)
     tokenize(TokenizeConfig(out=str(tmp_path / "local"), **settings))
+    before_ray()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         tokenize(TokenizeConfig(out=str(tmp_path / "ray"), executor="ray", **settings))
     finally:
         ray.shutdown()
-    shards = [{k: v for k, v in dataset_bytes(tmp_path / out).items() if "shard-" in k} for out in ("local", "ray")]
-    assert shards[0] == shards[1] and len(shards[0]) > 2
+    return [{k: v for k, v in dataset_bytes(tmp_path / out).items() if "shard-" in k} for out in ("local", "ray")]

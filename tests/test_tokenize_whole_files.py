@@ -7,17 +7,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import zstandard
 
-import tokenize_kill_points as kill_points
 from conftest import GPT2_JSON
 from dataflow.preprocess.run import TokenizeConfig, tokenize
-from test_tokenize_compressed import run, same_data
+from test_tokenize_compressed import kill_at_pieces, run, same_data
+from test_tokenize_handoff import local_and_ray_shards
 from test_tokenize_scale import dataset_bytes
 
 FILES = 4
@@ -83,11 +81,7 @@ def test_a_kill_9_in_the_middle_of_a_file_a_worker_reads_whole_resumes_to_the_sa
     journal = out / "_work" / "task-00000" / "journal.json"
     args = ["tokenize", src, "-o", out, "--no-progress", "--shard-size", "512KB", "--unit-size", "128KB",
             "--workers", "1"]
-    for piece in (2, 4):  # each run resumes the one before and is killed once this many pieces are committed
-        p = subprocess.run(kill_points.command({"next_piece": piece}, *args), capture_output=True, text=True)
-        assert p.returncode == -signal.SIGKILL, p.stderr
-        progress = json.loads(journal.read_text())
-        assert (progress["next_unit"], progress["next_piece"]) == (0, piece)  # inside the first file
+    kill_at_pieces(args, journal, (2, 4))  # inside the first file, which the worker reads whole
     run(src, out, "--workers", "1", "--no-progress", "--unit-size", "128KB")
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert not (out / "_work").exists()
@@ -113,20 +107,12 @@ def test_a_damaged_file_read_whole_by_a_worker_is_one_line_naming_it(tmp_path, p
 def test_ray_tasks_read_many_compressed_files_themselves(tmp_path, parts, monkeypatch):
     """The driver neither decompresses nor ships the files: each task reads its own, and the shards are those
     of the local pool."""
-    import ray
-
-    settings = dict(inputs=[str(parts / "zst")], tokenizer=str(GPT2_JSON), unit_bytes=64 << 10, workers=2,
-                    shard_size="64KB", progress=False)
-    tokenize(TokenizeConfig(out=str(tmp_path / "local"), **settings))
-
     def no_cutting_here(*args, **kwargs):
         raise AssertionError("the driver cut a compressed file")
 
-    monkeypatch.setattr(pieces_module, "pieces", no_cutting_here)  # Ray's workers import their own copy
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        tokenize(TokenizeConfig(out=str(tmp_path / "ray"), executor="ray", **settings))
-    finally:
-        ray.shutdown()
-    shards = [{k: v for k, v in dataset_bytes(tmp_path / out).items() if "shard-" in k} for out in ("local", "ray")]
-    assert shards[0] == shards[1] and len(shards[0]) > 4
+    def before_ray():  # (the local pool's forked workers cut their files with this module's `pieces`)
+        monkeypatch.setattr(pieces_module, "pieces", no_cutting_here)  # Ray's workers import their own copy
+
+    local, ray = local_and_ray_shards(tmp_path, before_ray, inputs=[str(parts / "zst")], tokenizer=str(GPT2_JSON),
+                                      unit_bytes=64 << 10, workers=2, shard_size="64KB", progress=False)
+    assert local == ray and len(local) > 4
