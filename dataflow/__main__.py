@@ -1,7 +1,5 @@
 """`python -m dataflow` is the `dataflow` command."""
 
-import sys
+from dataflow.cli import run
 
-from dataflow.cli import main
-
-sys.exit(main())
+run()
