@@ -13,7 +13,8 @@ processes (`RUSAGE_CHILDREN`). The marginal figures, large run minus small run, 
   projection(n cores) = min(n x worker rate, ceiling)
 
 It also reports, for the large corpus as one `.jsonl.zst` file, that file's serial ceiling: the rate at which
-one process decompresses it and cuts it into pieces (what the coordinator does for a compressed file), and the
+one process decompresses it, cuts it into pieces and spills them (what the coordinator does for a compressed
+file it shares out), and the
 coordinator's marginal share again with the corpus as ZST_FILES `.jsonl.zst` files (enough per worker that
 each worker reads its own files whole: the coordinator should decompress nothing).
 
@@ -110,15 +111,20 @@ def marginal(small: dict, large: dict) -> tuple[float, float, float, float]:
 
 
 def decompression_ceiling(path: str, piece_bytes: int = 32 << 20) -> float:
-    """MB/s of decompressed text one process gets out of `path`, cut into pieces as tokenize cuts it (CPU time)."""
+    """MB/s of decompressed text one process gets out of `path`, cut into pieces and spilled to files as the
+    coordinator does for a local pool (CPU time; each file deleted at once, as its worker would)."""
+    import tempfile
+
     from dataflow.preprocess.readers import pieces
     from dataflow.preprocess.plan import plan_units
 
     unit = plan_units([path], piece_bytes)[0]
-    start, size = time.process_time(), 0
-    for piece in pieces(unit, piece_bytes):
-        size += piece.size
-    return size / 1e6 / max(time.process_time() - start, 1e-9)
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as spill:
+        start, size = time.process_time(), 0
+        for piece in pieces(unit, piece_bytes, spill_dir=spill):
+            size += piece.size
+            os.remove(piece.spill)
+        return size / 1e6 / max(time.process_time() - start, 1e-9)
 
 
 def main() -> int:
