@@ -14,9 +14,8 @@ processes (`RUSAGE_CHILDREN`). The marginal figures, large run minus small run, 
 
 It also reports, for the large corpus as one `.jsonl.zst` file, that file's serial ceiling: the rate at which
 one process decompresses it, cuts it into pieces and spills them (what the coordinator does for a compressed
-file it shares out), and the
-coordinator's marginal share again with the corpus as ZST_FILES `.jsonl.zst` files (enough per worker that
-each worker reads its own files whole: the coordinator should decompress nothing).
+file it shares out), and the coordinator's marginal share again with the corpus as ZST_FILES `.jsonl.zst`
+files (enough per worker that each worker reads its own files whole: the coordinator should decompress nothing).
 
     python tools/bench_tokenize_coordinator.py                  # 55 and 176 MB, as the issue measured
     python tools/bench_tokenize_coordinator.py --mb 8,24 --repeat 1   # quick
