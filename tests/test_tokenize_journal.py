@@ -124,24 +124,11 @@ def test_interrupted_runs_resume_to_the_same_bytes_and_leave_no_temp_file(kjv10,
 def test_ctrl_c_stops_at_once_and_the_rerun_resumes(kjv10, tmp_path, workers):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while a worker is in the middle of a
     bundle: `interrupted` and exit 130 within 2 s, not after the bundles in flight; the rerun completes."""
-    import time
-
     args = ["tokenize", str(kjv10), "--no-progress", "--unit-size", "4MB", "--workers", workers]
-    out, marker = tmp_path / "out", tmp_path / "holding"
-    proc = subprocess.Popen(kill_points.command({"hold": str(marker), "unit": 8}, *args, "-o", out),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        while not marker.exists():  # a worker holds bundle 8 (as a long one would); others may be done
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.02)
-        sent = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and err.strip() == "dataflow tokenize: interrupted", err
+    out = tmp_path / "out"
+    # a worker holds bundle 8 (as a long one would); others may be done
+    code, err, took = kill_points.ctrl_c_while_holding(8, tmp_path / "holding", *args, "-o", out)
+    assert code == 130 and err.strip() == "dataflow tokenize: interrupted", err
     assert took < 2, took
     subprocess.run([*DATAFLOW, *args, "-o", str(out)], check=True, capture_output=True)
     subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref")], check=True, capture_output=True)

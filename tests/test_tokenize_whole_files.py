@@ -7,8 +7,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -93,25 +91,11 @@ def test_a_kill_9_in_the_middle_of_a_file_a_worker_reads_whole_resumes_to_the_sa
 def test_ctrl_c_while_a_worker_reads_a_file_whole_stops_at_once_and_the_rerun_resumes(tmp_path, parts):
     """Ctrl-C (SIGINT to the process group) while the worker holds the third file: `interrupted`, exit 130
     within 2 s; the journal stays, and the rerun gives the bytes of a clean run."""
-    import time
-
     args = ["tokenize", parts / "zst", "--no-progress", "--shard-size", "512KB", "--unit-size", "128KB",
             "--workers", "1"]  # (run() below: the same settings)
-    out, marker = tmp_path / "out", tmp_path / "holding"
-    proc = subprocess.Popen(kill_points.command({"hold": str(marker), "unit": 2}, *args, "-o", out),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        while not marker.exists():
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.02)
-        sent = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and err.strip() == "dataflow tokenize: interrupted", err
+    out = tmp_path / "out"
+    code, err, took = kill_points.ctrl_c_while_holding(2, tmp_path / "holding", *args, "-o", out)
+    assert code == 130 and err.strip() == "dataflow tokenize: interrupted", err
     assert took < 2, took
     assert (out / "_work" / "task-00000" / "journal.json").exists()  # (how far it got is a matter of timing)
     run(parts / "zst", out, "--workers", "1", "--no-progress", "--unit-size", "128KB")

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,24 @@ MAIN = os.getpid()
 
 def command(when: dict, *args: object) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), json.dumps(when), *map(str, args)]
+
+
+def ctrl_c_while_holding(unit: int, marker: Path, *args: object) -> tuple[int, str, float]:
+    """Run `dataflow *args` until a worker holds the bundle of `unit` (it writes `marker`), then send SIGINT to
+    the run's process group as a terminal's Ctrl-C does: (exit code, stderr, seconds from the signal to exit)."""
+    proc = subprocess.Popen(command({"hold": str(marker), "unit": unit}, *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        return proc.returncode, err, time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _stop(when: dict) -> None:
