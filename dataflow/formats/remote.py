@@ -39,10 +39,10 @@ _budget: contextvars.ContextVar[float | None] = contextvars.ContextVar("first_co
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("first_contact_deadline", default=None)
 
 
-
 def is_remote(url: str) -> bool:
     """An fsspec URL other than `file://` (read through fsspec and downloads, not in place)."""
     return "://" in url and not url.startswith("file://")
+
 
 def read_timeout_s() -> float:
     return env.number("DATAFLOW_READ_TIMEOUT_S", 60.0, minimum=0.001)

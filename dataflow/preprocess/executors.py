@@ -2,8 +2,8 @@
 
 Every executor has one lifecycle: `start()` starts its workers (each loads the tokenizer, or inherits the
 one this process adopted), `submit()` hands it the bundles and returns at once (the workers begin while the
-caller checks its input), `results()` yields what `worker.tokenize_bundle` made of them (finished shards in the scratch folder)
-strictly in input order with a bounded number of bundles in flight, and `stop(now)` ends it:
+caller checks its input), `results()` yields what `worker.tokenize_bundle` made of them (finished shards in
+the scratch folder) strictly in input order with a bounded number of bundles in flight, and `stop(now)` ends it:
 `now` (an error or Ctrl-C) kills the workers at once instead of waiting for the bundles they hold (whose
 shards no journal lists: a rerun makes them again). As a context manager an executor is stopped on exit,
 at once if the block raised, so nothing is left running whichever way a run ends; it starts at `start()`

@@ -17,16 +17,17 @@ from dataflow.errors import ConfigError
 from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.writer import parse_size
 from dataflow.preprocess import output
-from dataflow.preprocess.readers import read_unit_start
 from dataflow.preprocess.journal import Progress, save_progress
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
-from dataflow.preprocess.readers import first_record_fields
+from dataflow.preprocess.readers import first_record_fields, read_unit_blocks
 from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
 
 if TYPE_CHECKING:
     from dataflow.preprocess.run import TokenizeConfig
+
+SAMPLE_BLOCK_BYTES = 1 << 18  # JSONL input per block when reading the input sample (its first ~128K characters)
 
 
 @dataclass
@@ -121,7 +122,7 @@ def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CH
     if cfg.tokenizer == "bytes" or not units:
         return []
     texts, total = [], 0
-    for block in read_unit_start(units[0], cfg.text_field, cfg.id_field):
+    for block in read_unit_blocks(units[0], cfg.text_field, cfg.id_field, jsonl_block=SAMPLE_BLOCK_BYTES):
         for text in block.texts.drop_null().to_pylist():
             texts.append(text[:chars - total])  # a 50 MB first document is proven on its first part only
             total += len(texts[-1])

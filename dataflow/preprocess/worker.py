@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from dataflow.formats.manifest import ShardInfo, TokenizerMeta
 from dataflow.formats.writer import DocIds, ShardWriter
 from dataflow.formats import arrays
-from dataflow.preprocess.readers import Block, pieces, read_unit_blocks, splits_into_pieces
+from dataflow.preprocess.readers import Block, compressed_file, pieces, read_unit_blocks
 from dataflow.preprocess.flat import append_eos, string_buffers
 from dataflow.preprocess.output import upload_shards
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit
@@ -103,7 +103,7 @@ def tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> list[Bu
     """Tokenize a bundle of units into finished shards in `scratch` (one or more per split that got
     documents; a shard closes at `spec.shard_size` bytes of tokens and at the end of the bundle): its result.
     A compressed JSONL file sent whole is cut here, as the coordinator would cut it: one result per piece."""
-    if len(bundle) == 1 and splits_into_pieces(bundle[0]):
+    if compressed_file(bundle):
         return _tokenize_pieces(bundle[0], spec, scratch)
     try:
         return [_tokenize_bundle(bundle, spec, scratch)]

@@ -243,7 +243,6 @@ def coordinator_section(d: dict) -> list[str]:
         lines.append(f"- the same corpus as {d['zst_files']} `.jsonl.zst` files (each worker decompresses its own): "
                      f"the coordinator's share {max(d['zst_files_coordinator_share'], 0.0):.1%} of the marginal CPU")
     return lines + [""]
-    return lines
 
 
 def main() -> int:

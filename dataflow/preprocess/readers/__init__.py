@@ -22,31 +22,27 @@ from typing import TYPE_CHECKING, Iterator
 from dataflow.preprocess.readers import datasets_folder, jsonl, parquet, text
 from dataflow.preprocess.readers.compressed import read_errors
 from dataflow.preprocess.readers.listing import expand_inputs, input_kind, split_compression
-from dataflow.preprocess.readers.pieces import expand, pieces, splits_into_pieces, workers_read_whole
-from dataflow.preprocess.readers.records import Block, Span
+from dataflow.preprocess.readers.pieces import (compressed_file, expand, pieces, splits_into_pieces,
+                                                workers_read_whole)
+from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Span
 
 if TYPE_CHECKING:
     from dataflow.preprocess.plan import Unit
 
-__all__ = ["Block", "Span", "expand", "expand_inputs", "first_record_fields", "input_kind", "pieces",
-           "read_unit_blocks", "read_unit_start", "spans", "split_compression", "splits_into_pieces",
+__all__ = ["Block", "Span", "compressed_file", "expand", "expand_inputs", "first_record_fields", "input_kind", "pieces",
+           "read_unit_blocks", "spans", "split_compression", "splits_into_pieces",
            "workers_read_whole"]
 
-SAMPLE_BLOCK_BYTES = 1 << 18
 _KINDS = {"jsonl": jsonl, "parquet": parquet, "text": text, "arrow": datasets_folder}
 
 
-def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Block]:
-    """Every record of one work unit, in order, a block at a time; a read error is one `InputError` line."""
-    with read_errors(unit.file):
-        yield from _KINDS[unit.kind].unit_blocks(unit, text_field, id_field)
-
-
-def read_unit_start(unit: "Unit", text_field: str = "text", id_field: str = "id") -> Iterator[Block]:
-    """`read_unit_blocks` in small blocks, for a reader of its first records only (the input sample)."""
+def read_unit_blocks(unit: "Unit", text_field: str = "text", id_field: str = "id",
+                     jsonl_block: int = BLOCK_BYTES) -> Iterator[Block]:
+    """Every record of one work unit, in order, a block at a time (`jsonl_block` bytes of JSONL input: less for
+    a reader of the first records only); a read error is one `InputError` line."""
     with read_errors(unit.file):
         if unit.kind == "jsonl":
-            yield from jsonl.unit_blocks(unit, text_field, id_field, SAMPLE_BLOCK_BYTES)
+            yield from jsonl.unit_blocks(unit, text_field, id_field, jsonl_block)
         else:
             yield from _KINDS[unit.kind].unit_blocks(unit, text_field, id_field)
 

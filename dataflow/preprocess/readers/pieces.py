@@ -42,10 +42,15 @@ def splits_into_pieces(unit: "Unit") -> bool:
     return unit.kind == "jsonl" and unit.piece < 0 and split_compression(unit.file)[1] is not None
 
 
+def compressed_file(bundle: list["Unit"]) -> bool:
+    """A bundle that is one whole compressed JSONL file (such a file is always a bundle of its own)."""
+    return len(bundle) == 1 and splits_into_pieces(bundle[0])
+
+
 def workers_read_whole(bundles: list[list["Unit"]], workers: int) -> bool:
     """Whether each compressed JSONL file of `bundles` goes to a worker whole (see the module): when there
     are at least WHOLE_FILES_PER_WORKER of them per worker."""
-    files = sum(1 for bundle in bundles if len(bundle) == 1 and splits_into_pieces(bundle[0]))
+    files = sum(1 for bundle in bundles if compressed_file(bundle))
     return files >= WHOLE_FILES_PER_WORKER * max(workers, 1)
 
 
@@ -55,7 +60,7 @@ def expand(bundles: Iterable[list["Unit"]], piece_bytes: int, first_piece: int =
     bundle resumes at `first_piece`); `spill_dir`: where the pieces' bytes go (else they travel in the unit).
     `whole`: the files stay whole instead, for their workers to cut (the first one's `skip` set to resume)."""
     for n, bundle in enumerate(bundles):
-        if len(bundle) == 1 and splits_into_pieces(bundle[0]):
+        if compressed_file(bundle):
             skip = first_piece if n == 0 else 0
             if whole:
                 yield [dataclasses.replace(bundle[0], skip=skip)]
