@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -43,13 +44,14 @@ def parts(kjv, tmp_path_factory) -> Path:
 
 
 def _cutters(tmp_path: Path, monkeypatch) -> Path:
-    """A file that gets the pid of every process that cuts a compressed stream (forked workers too)."""
+    """A file that gets the pid, parent pid and process name of every process that cuts a compressed stream
+    (forked workers too)."""
     log = tmp_path / "cutters"
     original = pieces_module._cut
 
     def logged(*args):
         with open(log, "a") as out:
-            out.write(f"{os.getpid()}\n")
+            out.write(f"{os.getpid()} {os.getppid()} {multiprocessing.current_process().name}\n")
         yield from original(*args)
 
     monkeypatch.setattr(pieces_module, "_cut", logged)
@@ -61,14 +63,17 @@ def test_the_workers_cut_many_compressed_files_and_the_bytes_are_those_of_the_co
     settings = dict(tokenizer=str(GPT2_JSON), unit_bytes=64 << 10, shard_size="256KB", progress=False)
     tokenize(TokenizeConfig(inputs=[str(parts / "plain")], out=str(tmp_path / "plain"), workers=1, **settings))
     log = _cutters(tmp_path, monkeypatch)
-    # 4 files for 1 worker: each file goes to the worker whole; for 3 workers, too few: this process cuts them
+    # 4 files for 1 worker: each file goes to the worker whole; for 3 workers, too few: the coordinator cuts them,
+    # in the one process it starts for that (readers/cut_process.py)
     for workers in (1, 3):
         log.unlink(missing_ok=True)
         tokenize(TokenizeConfig(inputs=[str(parts / "zst")], out=str(tmp_path / f"zst{workers}"), workers=workers,
                                 **settings))
-        cutters = log.read_text().split()
-        assert len(cutters) == FILES
-        assert (str(os.getpid()) in cutters) == (workers == 3), (workers, cutters)
+        cutters = [line.split() for line in log.read_text().splitlines()]
+        assert len(cutters) == FILES and all(pid != str(os.getpid()) for pid, _, _ in cutters)
+        by_the_coordinator = {(ppid, name) for _, ppid, name in cutters} == {(str(os.getpid()), "dataflow-cut")}
+        assert by_the_coordinator == (workers == 3), (workers, cutters)
+        assert workers == 1 or len({pid for pid, _, _ in cutters}) == 1
         assert same_data(tmp_path / f"zst{workers}") == same_data(tmp_path / "plain")
     errors = {out: [(e["file"].rsplit("/", 1)[-1].removesuffix(".zst"), e["line"]) for e in map(
         json.loads, (tmp_path / out / "_errors.jsonl").read_text().splitlines())] for out in ("plain", "zst1", "zst3")}

@@ -111,8 +111,9 @@ class LocalPoolExecutor(Executor):
             self._pool.submit(_started)
 
     def submit(self, bundles: Iterable[list[Unit]], spec: UnitSpec, scratch: str) -> None:
-        """A feeder thread reads the next bundles (decompressing a compressed file's pieces) and submits them
-        while the caller checks or commits; at most `2 * workers + 2` bundles are in flight."""
+        """A feeder thread takes the next bundles (a compressed file's pieces come from its cut process, see
+        readers/cut_process.py) and submits them while the caller checks or commits; at most `2 * workers + 2`
+        bundles are in flight."""
         self.start()
         os.makedirs(scratch, exist_ok=True)
         pool = self._pool

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from dataflow import locks
 from dataflow.errors import ConfigError, DataflowError
@@ -38,10 +38,9 @@ from dataflow.preprocess.executors import Executor, check_executor, make_executo
 from dataflow.preprocess.finish import copy_tokenizer, finished_counts, write_manifests
 from dataflow.preprocess.journal import Progress, load_progress
 from dataflow.preprocess.layout import Layout
-from dataflow.preprocess.readers import expand, workers_read_whole
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
 from dataflow.preprocess.progress import InputProgress
-from dataflow.preprocess.readers import expand_inputs
+from dataflow.preprocess.readers import Reading, expand_inputs, read_bundles, workers_read_whole
 from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 
@@ -211,16 +210,19 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)  # shards of bundles no journal listed: they are made again
     startup.remove_leftovers(layout, journaled)
-    with make_executor(cfg.executor, workers, cfg.tokenizer, cfg.engine) as executor:
+    with make_executor(cfg.executor, workers, cfg.tokenizer, cfg.engine) as executor, \
+            contextlib.ExitStack() as readings:
 
         whole = workers_read_whole(todo, workers)  # each compressed file read by its worker, else cut here
 
-        def work() -> Iterator[list[Unit]]:  # read again if the workers start again
+        def work() -> Reading:  # read again if the workers start again
             spill = _spill_folder(scratch) if executor.local and not whole else None
-            return expand(todo, unit_bytes, start[1], spill, whole)
+            reading = read_bundles(todo, unit_bytes, start[1], spill, whole, depth=workers + 2)
+            return readings.enter_context(contextlib.closing(reading))
 
         try:
-            tok, spec = _start_workers(cfg, layout, plan, executor, work, scratch)
+            # a compressed input starts decompressing now, while the tokenizer loads (readers/cut_process.py)
+            tok, spec = _start_workers(cfg, layout, plan, executor, work(), work, scratch)
         except BaseException:  # a check failed (or Ctrl-C): nothing was committed, and nothing stays
             executor.stop(now=True)
             shutil.rmtree(scratch, ignore_errors=True)
@@ -240,32 +242,33 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
 
 
 def _start_workers(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, executor: Executor,
-                   work: Callable[[], Iterable[list[Unit]]], scratch: str) -> tuple[Tokenizer, UnitSpec]:
-    """Load and prove the tokenizer, set the workers on the first bundles (forked ones inherit the tokenizer
-    loaded here), then check it on the input meanwhile. Should the check settle on `tokenizers` instead of
-    the engine the workers were given, their shards are dropped and they start again.
-    Returns the checked tokenizer and the spec the bundles run with."""
+                   reading: Reading, work: Callable[[], Reading], scratch: str) -> tuple[Tokenizer, UnitSpec]:
+    """Load and prove the tokenizer, set the workers on the bundles of `reading` (forked ones inherit the
+    tokenizer loaded here), then check it on the input meanwhile. Should the check settle on `tokenizers`
+    instead of the engine the workers were given, their shards are dropped and they start again on a new
+    reading (`work()`). Returns the checked tokenizer and the spec the bundles run with."""
 
-    def launch(tok: Tokenizer) -> UnitSpec:
+    def launch(tok: Tokenizer, bundles: Reading) -> UnitSpec:
         # the workers are told the engine asked for, unless the checks here settled on `tokenizers`
         spec = startup.unit_spec(cfg, layout, tok, "hf" if tok.engine == "hf" else cfg.engine)
         adopt_tokenizer(spec.tokenizer, spec.engine, tok)  # before the workers fork; bundles run here use it too
-        executor.submit(work(), spec, scratch)
+        executor.submit(bundles, spec, scratch)
         return spec
 
     tok = startup.proven_tokenizer(cfg)
-    spec = launch(tok)
+    spec = launch(tok, reading)
     tok = startup.check_on_input(cfg, tok, plan.units)
     if tok.engine == "hf" and spec.engine != "hf":
         executor.stop(now=True)
+        reading.close()
         shutil.rmtree(scratch, ignore_errors=True)
-        spec = launch(tok)
+        spec = launch(tok, work())
     return tok, spec
 
 
 def _spill_folder(scratch: str) -> str:
-    """A new folder for the spill files of one reading of the input: a reading stopped (its feeder thread
-    may still be writing) never writes into the next one's."""
+    """A new folder for the spill files of one reading of the input: a reading stopped (its cut process may
+    still be writing) never writes into the next one's."""
     os.makedirs(scratch, exist_ok=True)
     return tempfile.mkdtemp(prefix="pieces-", dir=scratch)
 

@@ -9,7 +9,8 @@ as blocks of consecutive records (`read_unit_blocks`). Everything a kind knows l
 - `text.py`: `.txt`, one document per file;
 - `datasets_folder.py`: a Hugging Face `datasets` folder (`save_to_disk`), whole record batches per unit;
 - `compressed.py`: any of them compressed (checked: a cut file is an error), and `pieces.py`, the
-  coordinator's cut of one compressed JSONL stream into pieces for the workers.
+  coordinator's cut of one compressed JSONL stream into pieces for the workers, made by a process of its own
+  that starts before the tokenizer loads (`cut_process.py`, `read_bundles`).
 
 `listing.py` names files and kinds; `records.py` holds the `Block` every reader yields; Arrow arrays are
 built through `dataflow.formats.arrays`, which never wakes pandas.
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from dataflow.preprocess.readers import datasets_folder, jsonl, parquet, text
 from dataflow.preprocess.readers.compressed import read_errors
+from dataflow.preprocess.readers.cut_process import Reading, read_bundles
 from dataflow.preprocess.readers.listing import expand_inputs, input_kind, split_compression
 from dataflow.preprocess.readers.pieces import (compressed_file, expand, pieces, splits_into_pieces,
                                                 workers_read_whole)
@@ -29,8 +31,8 @@ from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Span
 if TYPE_CHECKING:
     from dataflow.preprocess.plan import Unit
 
-__all__ = ["Block", "Span", "compressed_file", "expand", "expand_inputs", "first_record_fields", "input_kind", "pieces",
-           "read_unit_blocks", "spans", "split_compression", "splits_into_pieces",
+__all__ = ["Block", "Reading", "Span", "compressed_file", "expand", "expand_inputs", "first_record_fields", "input_kind",
+           "pieces", "read_bundles", "read_unit_blocks", "spans", "split_compression", "splits_into_pieces",
            "workers_read_whole"]
 
 _KINDS = {"jsonl": jsonl, "parquet": parquet, "text": text, "arrow": datasets_folder}
