@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from conftest import GPT2_JSON
-from dataflow.preprocess import tokenizers
+from dataflow.preprocess import hf_reference, tokenizers
 from dataflow.preprocess.plan import Unit, plan_units
 from dataflow.preprocess.readers import expand, read_unit_blocks
 from dataflow.preprocess.run import TokenizeConfig, tokenize
@@ -50,6 +50,39 @@ def test_forked_workers_inherit_the_loaded_tokenizer(tmp_path, zst, monkeypatch)
                                       workers=2, unit_bytes=64 << 10, progress=False))
     assert summary.documents == 3000 and summary.engine in ("gigatoken", "tiktoken", "hf")
     assert loads.read_text().split() == [str(os.getpid())]
+
+
+def test_forked_workers_neither_load_tokenizers_nor_check_the_engine_again(tmp_path, zst, monkeypatch):
+    """With the proof and metadata remembered, `tokenizers` itself loads once, in this process, for the input
+    check (once the workers have started); the workers run the engine it checks and compare nothing."""
+    load_tokenizer(str(GPT2_JSON))  # this machine remembers the proof and the metadata
+    log = tmp_path / "log"
+
+    def logged(what: str, real: Callable) -> Callable:
+        def call(*args: Any) -> Any:
+            with open(log, "a") as f:  # inherited by forked workers
+                f.write(f"{what} {os.getpid()}\n")
+            return real(*args)
+        return call
+
+    monkeypatch.setattr(hf_reference, "load_reference", logged("load", hf_reference.load_reference))
+    monkeypatch.setattr(tokenizers.HFTokenizer, "_check_sample", logged("check", tokenizers.HFTokenizer._check_sample))
+    summary = tokenize(TokenizeConfig(inputs=[str(zst[0])], out=str(tmp_path / "out"), tokenizer=str(GPT2_JSON),
+                                      workers=2, unit_bytes=64 << 10, progress=False))
+    assert summary.documents == 3000 and summary.engine == "gigatoken"
+    assert log.read_text().splitlines() == [f"load {os.getpid()}"]
+
+
+def test_wrong_remembered_metadata_restarts_the_workers_and_the_bytes_are_right(tmp_path, zst, monkeypatch):
+    settings = dict(tokenizer=str(GPT2_JSON), workers=2, unit_bytes=64 << 10, progress=False)
+    tokenize(TokenizeConfig(inputs=[str(zst[0])], out=str(tmp_path / "ref"), **settings))
+    [record] = Path(os.environ["DATAFLOW_PROOF_CACHE"]).glob(f"{load_tokenizer(str(GPT2_JSON)).meta.sha256}-*.meta.json")
+    record.write_text(json.dumps({"vocab_size": 70000, "eos_id": 7}))  # uint32 tokens, another EOS: both wrong
+    submits = []
+    monkeypatch.setattr(tokenizers.HFTokenizer, "share_check_with_forks", lambda self: submits.append(self.meta.eos_id))
+    tokenize(TokenizeConfig(inputs=[str(zst[0])], out=str(tmp_path / "out"), **settings))
+    assert submits == [7, 50256] and json.loads(record.read_text())["eos_id"] == 50256
+    assert dataset_bytes(tmp_path / "out") == dataset_bytes(tmp_path / "ref")
 
 
 def test_pieces_travel_as_spill_files_that_the_worker_deletes(tmp_path, zst):

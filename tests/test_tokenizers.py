@@ -354,7 +354,7 @@ def test_a_proof_is_remembered_per_file_and_engine_versions(tmp_path, monkeypatc
     monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
     first = toks.load_tokenizer(str(GPT2_JSON), engine="tiktoken")
     assert first.engine == "tiktoken" and "cached" not in first.engine_reason
-    assert len(list(tmp_path.iterdir())) == 1
+    assert len(list(tmp_path.glob("*-conv*.json"))) == 1 and len(list(tmp_path.glob("*.meta.json"))) == 1
     monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})  # a new process on the same machine
     second = toks.load_tokenizer(str(GPT2_JSON), engine="tiktoken")
     assert second.engine == "tiktoken" and "proof cached on this machine" in second.engine_reason
@@ -382,7 +382,7 @@ def test_remembered_ranks_skip_the_conversion_and_a_damaged_record_is_ignored(tm
     monkeypatch.undo()
     monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path))
     monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
-    (record,) = tmp_path.iterdir()
+    (record,) = tmp_path.glob("*-conv*.json")
     record.write_text(record.read_text()[:1000])  # cut short: not JSON any more
     third = toks.load_tokenizer(str(GPT2_JSON), engine="tiktoken")
     assert third.engine == "tiktoken" and "cached" not in third.engine_reason

@@ -18,7 +18,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from conftest import GPT2_JSON
 from dataflow.errors import ConfigError
-from dataflow.preprocess import bpe_convert, gigatoken_engine
+from dataflow.preprocess import bpe_convert, gigatoken_engine, hf_reference
 from dataflow.preprocess.tokenizers import load_tokenizer
 from test_tokenizers import docs, gpt2_ref, reference_ids, same_ids  # noqa: F401 (fixtures)
 
@@ -124,6 +124,38 @@ def test_a_gigatoken_proof_and_a_refusal_are_remembered_per_file_and_versions(fr
     record.write_text(json.dumps({"ok": False, "text": "probe text 3 differs"}))  # an earlier refusal
     refused = load_tokenizer(str(GPT2_JSON))
     assert refused.engine == "tiktoken" and "probe text 3 differs (remembered on this machine)" in refused.engine_reason
+
+
+def test_a_remembered_proof_and_metadata_leave_tokenizers_unloaded_until_the_input_check(fresh_proofs, monkeypatch):
+    """A run's workers start from the engine alone: `tokenizers` itself (0.3 s) loads for the input check."""
+    first = load_tokenizer(str(GPT2_JSON))  # proves, and remembers the proof and the metadata
+    loads = []
+    real = hf_reference.load_reference
+    monkeypatch.setattr(hf_reference, "load_reference", lambda *args: loads.append(args[0]) or real(*args))
+    monkeypatch.setattr(gigatoken_engine, "_PROVEN", {})  # a new process on the same machine
+    second = load_tokenizer(str(GPT2_JSON))
+    assert second.engine == "gigatoken" and second.meta == first.meta and loads == []
+    second.check_sample(["In the beginning God created the heaven and the earth."])
+    assert loads == [str(GPT2_JSON)] and second.meta == first.meta and "+ 1 sample texts" in second.engine_reason
+    text = ["Hello <|endoftext|> world 1234"]
+    assert same_ids(second.encode_batch(text), reference_ids(GPT2_JSON, text))
+    assert second.decode(second.encode_batch(text)[0]) == text[0] and len(loads) == 1
+    (record,) = fresh_proofs.glob("*.meta.json")
+    record.write_text("{")  # damaged: not used, so the reference loads at once
+    monkeypatch.setattr(gigatoken_engine, "_PROVEN", {})
+    assert load_tokenizer(str(GPT2_JSON)).meta == first.meta and len(loads) == 2
+
+
+def test_wrong_remembered_metadata_is_corrected_by_the_input_check(fresh_proofs, monkeypatch, caplog):
+    first = load_tokenizer(str(GPT2_JSON))
+    (record,) = fresh_proofs.glob("*.meta.json")
+    record.write_text(json.dumps({"vocab_size": 50257, "eos_id": 7}))
+    monkeypatch.setattr(gigatoken_engine, "_PROVEN", {})
+    tok = load_tokenizer(str(GPT2_JSON))
+    assert tok.meta.eos_id == 7  # believed until checked
+    tok.check_sample([])  # even without input text to compare
+    assert tok.meta == first.meta and "were wrong (50257, 7); using 50257, 50256" in caplog.text
+    assert json.loads(record.read_text())["eos_id"] == 50256
 
 
 def test_memory_bound_starts_afresh_and_keeps_the_ids(docs, gpt2_ref, fresh_proofs, monkeypatch):  # noqa: F811

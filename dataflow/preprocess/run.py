@@ -244,13 +244,18 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
 def _start_workers(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, executor: Executor,
                    reading: Reading, work: Callable[[], Reading], scratch: str) -> tuple[Tokenizer, UnitSpec]:
     """Load and prove the tokenizer, set the workers on the bundles of `reading` (forked ones inherit the
-    tokenizer loaded here), then check it on the input meanwhile. Should the check settle on `tokenizers`
-    instead of the engine the workers were given, their shards are dropped and they start again on a new
-    reading (`work()`). Returns the checked tokenizer and the spec the bundles run with."""
+    tokenizer loaded here and rely on its checks), then check it on the input meanwhile. Should the check
+    change what the workers were given (settle on `tokenizers` instead of the engine, or correct the vocabulary
+    size or EOS), their shards are dropped and they start again on a new reading (`work()`). Returns the
+    checked tokenizer and the spec the bundles run with."""
+
+    def spec_for(tok: Tokenizer) -> UnitSpec:
+        # the workers are told the engine asked for, unless the checks here settled on `tokenizers`
+        return startup.unit_spec(cfg, layout, tok, "hf" if tok.engine == "hf" else cfg.engine)
 
     def launch(tok: Tokenizer, bundles: Reading) -> UnitSpec:
-        # the workers are told the engine asked for, unless the checks here settled on `tokenizers`
-        spec = startup.unit_spec(cfg, layout, tok, "hf" if tok.engine == "hf" else cfg.engine)
+        spec = spec_for(tok)
+        tok.share_check_with_forks()  # forked workers rely on check_on_input below (and are restarted if it fails)
         adopt_tokenizer(spec.tokenizer, spec.engine, tok)  # before the workers fork; bundles run here use it too
         executor.submit(bundles, spec, scratch)
         return spec
@@ -258,7 +263,7 @@ def _start_workers(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, 
     tok = startup.proven_tokenizer(cfg)
     spec = launch(tok, reading)
     tok = startup.check_on_input(cfg, tok, plan.units)
-    if tok.engine == "hf" and spec.engine != "hf":
+    if spec_for(tok) != spec:  # settled on `tokenizers`, or the metadata remembered on this machine was wrong
         executor.stop(now=True)
         reading.close()
         shutil.rmtree(scratch, ignore_errors=True)

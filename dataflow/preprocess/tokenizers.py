@@ -18,7 +18,7 @@ import logging
 import os
 import shutil
 import threading
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import fsspec
 import numpy as np
@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import TokenizerMeta
-from dataflow.preprocess import bpe_convert
+from dataflow.preprocess import bpe_convert, hf_reference
 from dataflow.preprocess.bpe_convert import NotConvertible
 from dataflow.preprocess.flat import Flat, arrow_texts, flat_from_lists, scrub, split_flat, string_buffers
 
@@ -36,11 +36,11 @@ ENGINES = ("auto", "hf", "gigatoken", "tiktoken")
 FAST_ENGINES = ("gigatoken", "tiktoken")  # the order --engine auto tries them in
 # Input text each process compares against `tokenizers` before it trusts a fast engine alone (~0.1 s).
 SAMPLE_CHARS = 1 << 17
-EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
 SPEC_FORMS = ("bytes", "a path or URL to a Hugging Face tokenizer.json", "tiktoken:PATH (a .tiktoken BPE file)")
 
 
 _ENV_LOCK = threading.Lock()
+_LOAD_LOCK = threading.Lock()  # one load of a reference at a time (decode may be called from several threads)
 
 
 @contextlib.contextmanager
@@ -89,6 +89,9 @@ class Tokenizer(abc.ABC):
         """Compare the engine with the tokenizer's own ids on input text (only a proven fast engine has
         anything to compare)."""
 
+    def share_check_with_forks(self) -> None:
+        """Forks of this process rely on its `check_sample` (only a proven fast engine checks anything)."""
+
     def copy_into(self, out_dir: str) -> TokenizerMeta:
         """Copy the tokenizer file into the dataset folder so readers need nothing else."""
         if self.source is None:
@@ -124,39 +127,56 @@ class HFTokenizer(Tokenizer):
     of text this object encodes; a difference, or a feature an engine cannot reproduce, moves on to the
     next one and says why in `engine_reason`, down to `tokenizers` itself. Engine "gigatoken" or
     "tiktoken" turns those reasons into a ConfigError; "hf" skips the proofs.
+    `tokenizers` itself (the reference) loads when first needed when this machine remembers both the proof
+    and the metadata (hf_reference.py): a run's workers then start before it loads.
     """
 
     def __init__(self, source: str, data: bytes, engine: str = "auto", threads: int = 1,
                  sample: Sequence[str] = ()) -> None:
-        from tokenizers import Tokenizer as _HF
-
-        try:
-            self._tok = _HF.from_str(data.decode("utf-8"))
-        except Exception as e:  # the library raises plain Exception for malformed files
-            raise ConfigError(f"{source}: not a valid Hugging Face tokenizer.json ({e})") from None
-        self._tok.no_truncation()
-        self._tok.no_padding()
-        try:
-            self._tok.encode_special_tokens = True  # "<|endoftext|>" in a document is plain text
-        except AttributeError:
-            raise ConfigError("the installed tokenizers library lacks encode_special_tokens; "
-                              "install tokenizers>=0.15") from None
         self.source = source
         self.threads = threads
         self._requested = engine
+        self._data = data  # kept for the reference, and for a new choice should the input sample refuse the engine
         self._sha256 = hashlib.sha256(data).hexdigest()
-        vocab = self._tok.get_vocab(with_added_tokens=True)
-        self.meta = TokenizerMeta(kind="hf", name=os.path.basename(source.rstrip("/")),
-                                  vocab_size=max(vocab.values(), default=-1) + 1, eos_id=_find_eos(vocab, source),
-                                  sha256=self._sha256)
+        self._hf = None  # `tokenizers` itself: see _reference_tokenizer
+        self._forks_checked_by: int | None = None  # see share_check_with_forks
+        self.meta = hf_reference.recall_meta(source, self._sha256) if engine != "hf" else None
+        if self.meta is None:
+            self._reference_tokenizer()  # sets the metadata
         if threads > 1:  # rayon sizes its pool once per process, at its first parallel call
             os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         self._fast = None  # the proven engine (gigatoken or tiktoken) when one runs
-        self._data = data  # kept for a new choice should the input sample refuse the engine chosen
         self._sample_left = 0
         self.engine, self.engine_reason = "hf", "hf: chosen with --engine hf"
         if engine != "hf":
             self._choose_engine(data, [scrub(t) for t in sample])
+        if self._fast is None:
+            self._reference_tokenizer()  # it encodes: loaded now (forked workers inherit it)
+
+    def _reference_tokenizer(self) -> Any:
+        """`tokenizers` for this file, loaded at its first use. The metadata it gives replaces (with a warning) a
+        remembered one that differs: the caller compares `meta` before and after the input check."""
+        with _LOAD_LOCK:
+            if self._hf is None:
+                hf = hf_reference.load_reference(self.source, self._data)
+                meta = hf_reference.meta_of(hf, self.source, self._sha256)
+                if self.meta is not None and (self.meta.vocab_size, self.meta.eos_id) != (meta.vocab_size,
+                                                                                        meta.eos_id):
+                    log.warning("%s: the vocabulary size and EOS remembered on this machine were wrong (%d, %d); "
+                                "using %d, %d", self.source, self.meta.vocab_size, self.meta.eos_id, meta.vocab_size,
+                                meta.eos_id)
+                    self.meta = None
+                if self.meta is None:
+                    self.meta = meta
+                    hf_reference.remember_meta(meta)
+                self._hf = hf
+        return self._hf
+
+    def share_check_with_forks(self) -> None:
+        """Forks of this process from now on run this very engine, which this process compares with `tokenizers`
+        on the input (`check_sample`, and whoever started them stops them should it differ): they do not check
+        their own first SAMPLE_CHARS again, so they never load `tokenizers` (about 0.3 s a process)."""
+        self._forks_checked_by = os.getpid()
 
     # --- engine choice ---------------------------------------------------------------------------
 
@@ -188,7 +208,9 @@ class HFTokenizer(Tokenizer):
     def check_sample(self, sample: Sequence[str]) -> None:
         """Compare the engine chosen with `tokenizers` on `sample` too (input text, checked after the load so
         that forked workers can start with this engine meanwhile); on a difference choose again, `sample`
-        included. An engine asked for by name that differs is a ConfigError."""
+        included. An engine asked for by name that differs is a ConfigError. The metadata is checked too: `meta`
+        may change here (see _reference_tokenizer)."""
+        self._reference_tokenizer()
         if self._fast is None or not sample:
             return
         sample = [scrub(t) for t in sample]
@@ -203,7 +225,7 @@ class HFTokenizer(Tokenizer):
     def _fast_reason(self, sample_texts: int) -> str:
         """Why the fast engine runs: its proof, the input sample it was compared on, the engines refused."""
         return (f"{self.engine}: {self._proof}" + (f" + {sample_texts} sample texts" if sample_texts else "")
-                + f"; each process also checks its first {SAMPLE_CHARS} characters"
+                + f"; each process that loads it also checks its first {SAMPLE_CHARS} characters"
                 + (f" (not {'; '.join(self._refused)})" if self._refused else ""))
 
     def _check_sample(self, texts: pa.Array, flat: Flat) -> Flat:
@@ -236,7 +258,7 @@ class HFTokenizer(Tokenizer):
         if self._fast is None:
             return flat_from_lists(self._hf_lists(texts.to_pylist(), self.threads))
         flat = self._fast.encode_flat(texts)
-        if self._sample_left > 0:
+        if self._sample_left > 0 and self._forks_checked_by in (None, os.getpid()):
             flat = self._check_sample(texts, flat)
         return flat
 
@@ -248,16 +270,16 @@ class HFTokenizer(Tokenizer):
         try:
             if threads == 1:
                 with _sequential_tokenizers():
-                    encs = self._tok.encode_batch(texts, add_special_tokens=False)
+                    encs = self._reference_tokenizer().encode_batch(texts, add_special_tokens=False)
             else:  # parallel unless TOKENIZERS_PARALLELISM says otherwise (as after a fork)
-                encs = self._tok.encode_batch(texts, add_special_tokens=False)
+                encs = self._reference_tokenizer().encode_batch(texts, add_special_tokens=False)
         except TypeError:  # a lone surrogate: not a Rust string
             return self._hf_lists([scrub(t) for t in texts], threads)
         return [e.ids for e in encs]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = np.asarray(ids)
-        return self._tok.decode(arr[arr != self.meta.eos_id].tolist(), skip_special_tokens=False)
+        return self._reference_tokenizer().decode(arr[arr != self.meta.eos_id].tolist(), skip_special_tokens=False)
 
 
 def _gigatoken():
@@ -273,14 +295,6 @@ def _tiktoken():
 
 
 _BUILDERS = {"gigatoken": _gigatoken, "tiktoken": _tiktoken}
-
-
-def _find_eos(vocab: dict[str, int], source: str) -> int:
-    for name in EOS_NAMES:
-        if name in vocab:
-            return int(vocab[name])
-    raise ConfigError(f"{source}: the tokenizer has no end-of-text token ({', '.join(EOS_NAMES)}); "
-                      "use a tokenizer that defines one")
 
 
 class TiktokenTokenizer(Tokenizer):

@@ -1,0 +1,89 @@
+"""`tokenizers` itself for a `tokenizer.json`: the reference every fast engine is proven against, and what the
+manifest says about the tokenizer (vocabulary size, EOS).
+
+Loading it costs about 0.3 s (parsing the JSON, listing the vocabulary). A run whose engine proof this machine
+remembers needs it only to compare the engine on input text, so the metadata is remembered beside the proofs
+(keyed by the file's sha256 and the `tokenizers` version) and the reference loads when first needed: after the
+workers have started, in the process that checks. Whatever loads it compares the metadata it gives with the
+remembered one (`HFTokenizer._reference_tokenizer`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from dataflow.errors import ConfigError
+from dataflow.formats.atomic import write_json_atomic
+from dataflow.formats.manifest import TokenizerMeta
+from dataflow.preprocess import bpe_convert
+
+EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
+
+
+def load_reference(source: str, data: bytes) -> Any:
+    """`tokenizers.Tokenizer` for the file's bytes, set to encode special-token strings as plain text and never
+    to truncate or pad; a ConfigError of one line for a file it cannot read."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as e:  # the library raises plain Exception for malformed files
+        raise ConfigError(f"{source}: not a valid Hugging Face tokenizer.json ({e})") from None
+    tok.no_truncation()
+    tok.no_padding()
+    try:
+        tok.encode_special_tokens = True  # "<|endoftext|>" in a document is plain text
+    except AttributeError:
+        raise ConfigError("the installed tokenizers library lacks encode_special_tokens; "
+                          "install tokenizers>=0.15") from None
+    return tok
+
+
+def meta_of(tok: Any, source: str, sha256: str) -> TokenizerMeta:
+    """The manifest's tokenizer entry: ids up to the largest in the vocabulary (added tokens included), the EOS."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    return TokenizerMeta(kind="hf", name=_name(source), vocab_size=max(vocab.values(), default=-1) + 1,
+                         eos_id=_find_eos(vocab, source), sha256=sha256)
+
+
+def recall_meta(source: str, sha256: str) -> TokenizerMeta | None:
+    """The entry `meta_of` gave for this file on this machine before, if it was remembered."""
+    try:
+        with open(_meta_path(sha256)) as f:
+            d = json.load(f)
+        vocab_size, eos_id = d["vocab_size"], d["eos_id"]
+    except (OSError, ValueError, KeyError, TypeError, ImportError):
+        return None
+    if not (type(vocab_size) is int and type(eos_id) is int and 0 <= eos_id < vocab_size):
+        return None
+    return TokenizerMeta(kind="hf", name=_name(source), vocab_size=vocab_size, eos_id=eos_id, sha256=sha256)
+
+
+def remember_meta(meta: TokenizerMeta) -> None:
+    """Best effort: a read-only home only means the next run loads the reference before its workers start."""
+    try:
+        path = _meta_path(meta.sha256 or "")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json_atomic(path, {"sha256": meta.sha256, "vocab_size": meta.vocab_size, "eos_id": meta.eos_id})
+    except (OSError, ImportError):
+        pass
+
+
+def _meta_path(sha256: str) -> str:
+    import tokenizers
+
+    return os.path.join(bpe_convert.proof_cache_dir(), f"{sha256}-tokenizers{tokenizers.__version__}.meta.json")
+
+
+def _name(source: str) -> str:
+    return os.path.basename(source.rstrip("/"))
+
+
+def _find_eos(vocab: dict[str, int], source: str) -> int:
+    for name in EOS_NAMES:
+        if name in vocab:
+            return int(vocab[name])
+    raise ConfigError(f"{source}: the tokenizer has no end-of-text token ({', '.join(EOS_NAMES)}); "
+                      "use a tokenizer that defines one")
