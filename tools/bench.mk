@@ -29,7 +29,7 @@ $(BENCH_VENV)/.installed: $(BENCH_PY) pyproject.toml tools/requirements-peers.tx
 bench-setup: $(BENCH_VENV)/.installed
 
 bench: bench-setup
-	$(BENCH_PY) tools/bench_tokenize.py $(BENCH_ARGS)
+	$(BENCH_PY) tools/bench_tokenize.py --repeat 3 $(BENCH_ARGS)
 	$(BENCH_PY) tools/bench_tokenize_coordinator.py
 	$(BENCH_PY) tools/bench_loader.py $(BENCH_ARGS)
 	$(BENCH_PY) tools/peers/report.py

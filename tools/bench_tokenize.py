@@ -10,20 +10,25 @@ file, which it splits across workers. Each tool runs in its own subprocess
 TOKENIZERS_PARALLELISM=false); its time is taken inside that process around the tool's own call (imports
 excluded, reading, tokenizing and writing included); its memory is the peak PSS of its process tree. Every
 tool's output is read back and its documents compared, as a multiset of token-id sequences, with
-`tokenizers`' ids for the same texts.
+`tokenizers`' ids for the same texts. Our package is byte-compiled first, as pip compiles an installed one
+(PYTHONDONTWRITEBYTECODE, set on some machines, would otherwise make every run compile the modules changed
+since the last compile). `--repeat N` runs raw gigatoken and ours on the one .jsonl.zst N times, interleaved,
+and the two one-file ratios use the medians (issue 20's bars; `make bench` uses 3).
 
     python tools/bench_tokenize.py            # full: 100 MB
     python tools/bench_tokenize.py --quick    # 30 MB
     python tools/bench_tokenize.py --corpus distinct --only raw_tokenizers,raw_gigatoken,dataflow
-    python tools/bench_tokenize.py --mb 300 --corpus distinct --only raw_gigatoken,dataflow:auto
+    python tools/bench_tokenize.py --mb 180 --corpus distinct --only raw_gigatoken,dataflow:auto --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import compileall
 import json
 import os
+import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,7 +127,10 @@ def main() -> int:
     p.add_argument("--corpus", choices=("replicated", "distinct"), default="replicated",
                    help="KJV copies as they are, or each with its own letter substitution (distinct words)")
     p.add_argument("--json", default=os.path.join(ROOT, "bench-out", "results", "tokenize.json"))
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of raw gigatoken and ours on the one .jsonl.zst, interleaved; the ratios use medians")
     args = p.parse_args()
+    compileall.compile_dir(os.path.join(ROOT, "dataflow"), quiet=1)
     if args.quick:
         args.mb, args.timeout = min(args.mb, 30), 300.0
     distinct = args.corpus == "distinct"
@@ -170,13 +178,11 @@ def main() -> int:
                 print(f"{'  (steady state: same texts again)':<36} {w:>7} {text / 1e6 / row['steady_seconds']:>10.2f}",
                       flush=True)
         if only is None or "dataflow" in only or "dataflow:auto" in only:
-            row = {"peer": "dataflow-zst", "setting": "auto", "label": "dataflow tokenize ONE.jsonl.zst", "workers": w}
-            row.update(run_single_zst(work, w, args.timeout, env))
-            if "error" not in row:
-                row["mb_per_s"], row["tokens_per_s"] = text / 1e6 / row["seconds"], row["tokens"] / row["seconds"]
-                row["peak_mb"], row["ids"] = 0, "-"
+            row = single_zst_row(work, w, args.timeout, env, text)
             results.append(row)
             print_row(row, row["label"], w)
+    if args.repeat > 1:
+        repeat_one_file(results, work, args.repeat, args.timeout, env, text)
     ratios = compute_ratios(results)
     print("\nratios (same run)")
     for line in ratios["lines"]:
@@ -185,9 +191,48 @@ def main() -> int:
     with open(args.json, "w") as f:
         json.dump({"jsonl_bytes": jsonl, "text_bytes": text, "quick": args.quick, "machine": machine(),
                    "results": results, "ratios": ratios,
-                   "command": "python tools/bench_tokenize.py" + (" --quick" if args.quick else "")}, f, indent=1)
+                   "repeat": args.repeat,
+                   "command": "python tools/bench_tokenize.py" + (" --quick" if args.quick else "")
+                   + (f" --repeat {args.repeat}" if args.repeat > 1 else "")}, f, indent=1)
     print(f"\nresults: {os.path.relpath(args.json, ROOT)}")
     return 0
+
+
+def single_zst_row(work: str, w: int, timeout: float, env: dict, text: int) -> dict:
+    row = {"peer": "dataflow-zst", "setting": "auto", "label": "dataflow tokenize ONE.jsonl.zst", "workers": w}
+    row.update(run_single_zst(work, w, timeout, env))
+    if "error" not in row:
+        row["mb_per_s"], row["tokens_per_s"] = text / 1e6 / row["seconds"], row["tokens"] / row["seconds"]
+        row["peak_mb"], row["ids"] = 0, "-"
+    return row
+
+
+def repeat_one_file(results: list[dict], work: str, repeat: int, timeout: float, env: dict, text: int) -> None:
+    """Run raw gigatoken and ours on the one .jsonl.zst `repeat - 1` more times, interleaved (raw 1, ours 1, raw 2,
+    ours 2, ...), and set each of their rows to the medians of its runs (`runs` keeps every run's seconds)."""
+    rows = {(r["peer"], r["workers"]): r for r in results
+            if r["peer"] in ("raw_gigatoken", "dataflow-zst") and "error" not in r}
+    runs = {key: [r] for key, r in rows.items()}
+    for _ in range(repeat - 1):
+        for (peer, w) in sorted(rows, key=lambda key: (key[1], key[0] != "raw_gigatoken")):
+            if peer == "raw_gigatoken":
+                out = os.path.join(work, f"result-raw_gigatoken-gigatoken-{w}.json")
+                again = run_case([sys.executable, RAW_GIGATOKEN, "--work", work, "--workers", str(w), "--out", out],
+                                 out, timeout, env)
+            else:
+                again = single_zst_row(work, w, timeout, env, text)
+            if "error" not in again:
+                runs[(peer, w)].append(again)
+    print(f"\nmedians of {repeat} interleaved runs (raw gigatoken and ours on ONE.jsonl.zst)")
+    for (peer, w), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        taken = runs[(peer, w)]
+        for key in ("seconds", "command_seconds"):
+            if key in row:
+                row[key] = statistics.median(r[key] for r in taken)
+        row["runs"] = [[r["seconds"], r.get("command_seconds")] for r in taken]
+        row["mb_per_s"], row["tokens_per_s"] = text / 1e6 / row["seconds"], row["tokens"] / row["seconds"]
+        print(f"{row['label']:<36} {w:>7} {row['mb_per_s']:>10.2f}   (runs: "
+              + ", ".join(f"{text / 1e6 / r['seconds']:.1f}" for r in taken) + " MB/s)", flush=True)
 
 
 def print_row(row: dict, label: str, w: int) -> None:
