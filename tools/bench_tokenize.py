@@ -97,23 +97,29 @@ def single_zst(work: str) -> str:
     return os.path.join(work, "corpus.jsonl.zst")
 
 
-def run_single_zst(work: str, workers: int, timeout: float, env: dict) -> dict:
-    """Ours on the one .jsonl.zst file: the summary's seconds (tokenize() as the CLI calls it) and the whole
-    command's wall time (interpreter start and imports included: what a user waits for)."""
+def run_single_zst(work: str, workers: int, timeout: float, env: dict, cpus: set[int] | None = None) -> dict:
+    """Ours on the one .jsonl.zst file: the summary's seconds (tokenize() as the CLI calls it), the whole
+    command's wall time (interpreter start and imports included: what a user waits for) and the CPU time of
+    all its processes; `cpus`: the CPUs the command may use (all of them by default)."""
+    import resource
     import subprocess
     import time
 
     out = os.path.join(work, f"out-single-zst-{workers}")
     cmd = [sys.executable, "-m", "dataflow", "tokenize", single_zst(work), "-o", out, "--overwrite",
            "--tokenizer", env["BENCH_GPT2_JSON"], "--workers", str(workers), "--no-progress", "--json"]
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, preexec_fn=pin)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command's processes, all waited for
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
     s = json.loads(p.stdout)
-    return {"seconds": s["seconds"], "command_seconds": wall, "tokens": s["tokens"], "docs": s["documents"],
-            "engine": s["engine"]}
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"seconds": s["seconds"], "command_seconds": wall, "command_cpu_s": cpu, "tokens": s["tokens"],
+            "docs": s["documents"], "engine": s["engine"]}
 
 
 def main() -> int:
@@ -178,9 +184,10 @@ def main() -> int:
                 print(f"{'  (steady state: same texts again)':<36} {w:>7} {text / 1e6 / row['steady_seconds']:>10.2f}",
                       flush=True)
         if only is None or "dataflow" in only or "dataflow:auto" in only:
-            row = single_zst_row(work, w, args.timeout, env, text)
-            results.append(row)
-            print_row(row, row["label"], w)
+            for pinned in (False, True) if w == 1 and can_pin() else (False,):
+                row = single_zst_row(work, w, args.timeout, env, text, pinned)
+                results.append(row)
+                print_row(row, row["label"], w)
     if args.repeat > 1:
         repeat_one_file(results, work, args.repeat, args.timeout, env, text)
     ratios = compute_ratios(results)
@@ -198,9 +205,11 @@ def main() -> int:
     return 0
 
 
-def single_zst_row(work: str, w: int, timeout: float, env: dict, text: int) -> dict:
-    row = {"peer": "dataflow-zst", "setting": "auto", "label": "dataflow tokenize ONE.jsonl.zst", "workers": w}
-    row.update(run_single_zst(work, w, timeout, env))
+def single_zst_row(work: str, w: int, timeout: float, env: dict, text: int, pinned: bool = False) -> dict:
+    """Ours on the one .jsonl.zst with `w` workers; `pinned`: every process of the run on one CPU."""
+    row = {"peer": "dataflow-zst-1cpu" if pinned else "dataflow-zst", "setting": "auto", "workers": w,
+           "label": "dataflow ONE.jsonl.zst on 1 CPU" if pinned else "dataflow tokenize ONE.jsonl.zst"}
+    row.update(run_single_zst(work, w, timeout, env, cpus={min(os.sched_getaffinity(0))} if pinned else None))
     if "error" not in row:
         row["mb_per_s"], row["tokens_per_s"] = text / 1e6 / row["seconds"], row["tokens"] / row["seconds"]
         row["peak_mb"], row["ids"] = 0, "-"
@@ -211,8 +220,8 @@ def repeat_one_file(results: list[dict], work: str, repeat: int, timeout: float,
     """Run raw gigatoken and ours on the one .jsonl.zst `repeat - 1` more times, interleaved (raw 1, ours 1, raw 2,
     ours 2, ...), and set each of their rows to the medians of its runs (`runs` keeps every run's seconds)."""
     rows = {(r["peer"], r["workers"]): r for r in results
-            if r["peer"] in ("raw_gigatoken", "dataflow-zst") and "error" not in r}
-    runs = {key: [r] for key, r in rows.items()}
+            if r["peer"] in ("raw_gigatoken", "dataflow-zst", "dataflow-zst-1cpu") and "error" not in r}
+    runs = {key: [dict(r)] for key, r in rows.items()}
     for _ in range(repeat - 1):
         for (peer, w) in sorted(rows, key=lambda key: (key[1], key[0] != "raw_gigatoken")):
             if peer == "raw_gigatoken":
@@ -220,19 +229,24 @@ def repeat_one_file(results: list[dict], work: str, repeat: int, timeout: float,
                 again = run_case([sys.executable, RAW_GIGATOKEN, "--work", work, "--workers", str(w), "--out", out],
                                  out, timeout, env)
             else:
-                again = single_zst_row(work, w, timeout, env, text)
+                again = single_zst_row(work, w, timeout, env, text, pinned=peer == "dataflow-zst-1cpu")
             if "error" not in again:
                 runs[(peer, w)].append(again)
     print(f"\nmedians of {repeat} interleaved runs (raw gigatoken and ours on ONE.jsonl.zst)")
     for (peer, w), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         taken = runs[(peer, w)]
-        for key in ("seconds", "command_seconds"):
+        for key in ("seconds", "command_seconds", "command_cpu_s"):
             if key in row:
                 row[key] = statistics.median(r[key] for r in taken)
         row["runs"] = [[r["seconds"], r.get("command_seconds")] for r in taken]
         row["mb_per_s"], row["tokens_per_s"] = text / 1e6 / row["seconds"], row["tokens"] / row["seconds"]
         print(f"{row['label']:<36} {w:>7} {row['mb_per_s']:>10.2f}   (runs: "
               + ", ".join(f"{text / 1e6 / r['seconds']:.1f}" for r in taken) + " MB/s)", flush=True)
+
+
+def can_pin() -> bool:
+    """Whether a run can be held to one CPU here (Linux) while another is left for a second worker."""
+    return hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
 
 
 def print_row(row: dict, label: str, w: int) -> None:
@@ -267,7 +281,7 @@ def compute_ratios(results: list[dict]) -> dict:
             out[f"raw_tokenizers_{w}"] = x
             out["lines"].append(f"{w} worker(s): ours = {x:.1f}x raw tokenizers (target >= 10x: "
                                 f"{'met' if x >= 10 else 'NOT met'})")
-        peers = [r for r in ok if r["peer"] not in (RAW, "raw_gigatoken", OURS[0], "dataflow-zst") and r["workers"] == w]
+        peers = [r for r in ok if r["peer"] not in (RAW, "raw_gigatoken", OURS[0], "dataflow-zst", "dataflow-zst-1cpu") and r["workers"] == w]
         if peers:
             best = max(peers, key=lambda r: r["mb_per_s"])
             x = ours["mb_per_s"] / best["mb_per_s"]
@@ -299,8 +313,16 @@ def _zst_against_raw(out: dict, get) -> list[str]:
     if z1 and z2 and r1 and r2:
         ours_gain, raw_gain = z2["mb_per_s"] / z1["mb_per_s"], r2["mb_per_s"] / r1["mb_per_s"]
         out["zst_gain_vs_raw"] = x = ours_gain / raw_gain
+        cores = f"; our 1-worker run already keeps {z1['command_cpu_s'] / z1['command_seconds']:.2f} CPUs busy" \
+            if z1.get("command_cpu_s") else ""
         lines.append(f"one .jsonl.zst, 1 -> 2 workers: ours {ours_gain:.2f}x, raw gigatoken {raw_gain:.2f}x: "
-                     f"{x:.2f} of raw's gain (target >= 0.9: {'met' if x >= 0.9 else 'NOT met'})")
+                     f"{x:.2f} of raw's gain (target >= 0.9: {'met' if x >= 0.9 else 'NOT met'}){cores}")
+    p1 = get("dataflow-zst-1cpu", "auto", 1)
+    if p1 and z2 and r1 and r2:  # raw gigatoken's process is single-threaded: 1 process = 1 CPU
+        ours_gain, raw_gain = z2["mb_per_s"] / p1["mb_per_s"], r2["mb_per_s"] / r1["mb_per_s"]
+        out["zst_core_gain_vs_raw"] = x = ours_gain / raw_gain
+        lines.append(f"one .jsonl.zst, 1 -> 2 CPUs (our 1-worker run held to one CPU, as raw's one process): ours "
+                     f"{ours_gain:.2f}x, raw gigatoken {raw_gain:.2f}x: {x:.2f} of raw's gain")
     if z2 and r2 and z2.get("command_seconds"):
         whole = z2["mb_per_s"] * z2["seconds"] / z2["command_seconds"]
         out["zst_command_vs_raw_2"] = x = whole / r2["mb_per_s"]

@@ -126,9 +126,10 @@ def tokenize_tables(d: dict) -> list[str]:
         if "error" in r:
             lines.append(f"| {r['label']} | {r['workers']} | **failed**: {r['error'].replace('|', '/')} | | | | |")
         else:
-            whole = r["peer"] == "dataflow-zst"  # the CLI run as a command: neither its CPU nor its memory taken
-            cores = f"{r['cpu_s'] / r['seconds']:.2f}" if "cpu_s" in r else "-" if whole else \
-                f"{r['workers']} (by design)"
+            whole = r["peer"].startswith("dataflow-zst")  # the CLI run as a command: its memory is not taken
+            cores = f"{r['cpu_s'] / r['seconds']:.2f}" if "cpu_s" in r else \
+                f"{r['command_cpu_s'] / r['command_seconds']:.2f} (whole command)" if r.get("command_cpu_s") else \
+                "-" if whole else f"{r['workers']} (by design)"
             peak = "-" if whole else f"{r['peak_mb']:.0f} MB"
             rate = f"{r['mb_per_s']:.2f}" + (f" ({r['mb_per_s'] * r['seconds'] / r['command_seconds']:.2f} whole "
                                              f"command)" if whole and r.get("command_seconds") else "")
