@@ -149,6 +149,9 @@ def _install(when: dict) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))  # this checkout's dataflow, as `python -m dataflow` from its root imports
+    # Ctrl-C as in a terminal's foreground: a suite started as a background job (`make test &`) hands its
+    # processes SIGINT ignored, and Python then never raises KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _install(json.loads(sys.argv.pop(1)))
     from dataflow.cli import main
 
