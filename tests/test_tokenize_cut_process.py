@@ -124,3 +124,17 @@ def test_ctrl_c_while_the_file_is_cut_stops_the_cut_process_too_and_the_rerun_re
     run(zst, out, "--workers", "1", "--unit-size", "64KB", "--no-progress")
     run(zst, tmp_path / "ref", "--workers", "1", "--unit-size", "64KB", "--no-progress")
     assert same_data(out) == same_data(tmp_path / "ref")
+
+
+def test_a_bug_in_the_cut_process_reaches_the_run_with_where_it_happened(tmp_path, zst, monkeypatch):
+    def broken(*args, **kwargs):
+        yield from ()
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(cut_process, "expand", broken)
+    with pytest.raises(ValueError, match="a bug") as raised:
+        tokenize(TokenizeConfig(inputs=[str(zst)], out=str(tmp_path / "out"), tokenizer=str(GPT2_JSON), workers=1,
+                                unit_bytes=PIECE, progress=False))
+    if hasattr(raised.value, "add_note"):  # Python 3.11+: the child's traceback as a note
+        assert "in the cut process" in raised.value.__notes__[0] and "in broken" in raised.value.__notes__[0]
+    assert not _cut_children()

@@ -18,9 +18,10 @@ import pickle
 import queue
 import signal
 import sys
+import traceback
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from dataflow.errors import InputError
+from dataflow.errors import DataflowError, InputError
 from dataflow.lifetime import die_with_parent
 from dataflow.preprocess.readers.pieces import compressed_file, expand
 
@@ -113,6 +114,8 @@ def _cut(bundles: list[list["Unit"]], piece_bytes: int, first_piece: int, spill_
 
 
 def _pickled_error(e: BaseException) -> bytes:
+    if not isinstance(e, DataflowError) and hasattr(e, "add_note"):  # a bug: keep where it happened (3.11+)
+        e.add_note("in the cut process:\n" + traceback.format_exc().rstrip())
     try:
         data = pickle.dumps(("error", e))
         pickle.loads(data)
