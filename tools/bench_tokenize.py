@@ -53,6 +53,7 @@ CASES = [
 ]
 RAW = "raw_tokenizers"
 OURS = ("dataflow", "auto")
+OURS_ONE_FILE = ("dataflow-zst", "dataflow-zst-1cpu")  # ours on the one .jsonl.zst, as a command (and on one CPU)
 
 
 def write_corpus(work: str, mb: float, distinct: bool = False) -> tuple[int, int]:
@@ -160,7 +161,7 @@ def main() -> int:
             out = os.path.join(work, f"result-{peer}-{setting}-{w}.json")
             cmd = [sys.executable, HARNESS, "tokenize-run", peer, setting, "--work", work, "--workers", str(w), "--out", out]
             if peer == "raw_gigatoken":
-                cmd = [sys.executable, RAW_GIGATOKEN, "--work", work, "--workers", str(w), "--out", out]
+                cmd = raw_gigatoken_cmd(work, w, out)
             row = {"peer": peer, "setting": setting, "label": label, "workers": w}
             row.update(run_case(cmd, out, args.timeout, env))
             if "error" not in row:
@@ -205,6 +206,10 @@ def main() -> int:
     return 0
 
 
+def raw_gigatoken_cmd(work: str, w: int, out: str) -> list[str]:
+    return [sys.executable, RAW_GIGATOKEN, "--work", work, "--workers", str(w), "--out", out]
+
+
 def single_zst_row(work: str, w: int, timeout: float, env: dict, text: int, pinned: bool = False) -> dict:
     """Ours on the one .jsonl.zst with `w` workers; `pinned`: every process of the run on one CPU."""
     row = {"peer": "dataflow-zst-1cpu" if pinned else "dataflow-zst", "setting": "auto", "workers": w,
@@ -220,14 +225,13 @@ def repeat_one_file(results: list[dict], work: str, repeat: int, timeout: float,
     """Run raw gigatoken and ours on the one .jsonl.zst `repeat - 1` more times, interleaved (raw 1, ours 1, raw 2,
     ours 2, ...), and set each of their rows to the medians of its runs (`runs` keeps every run's seconds)."""
     rows = {(r["peer"], r["workers"]): r for r in results
-            if r["peer"] in ("raw_gigatoken", "dataflow-zst", "dataflow-zst-1cpu") and "error" not in r}
+            if r["peer"] in ("raw_gigatoken", *OURS_ONE_FILE) and "error" not in r}
     runs = {key: [dict(r)] for key, r in rows.items()}
     for _ in range(repeat - 1):
         for (peer, w) in sorted(rows, key=lambda key: (key[1], key[0] != "raw_gigatoken")):
             if peer == "raw_gigatoken":
                 out = os.path.join(work, f"result-raw_gigatoken-gigatoken-{w}.json")
-                again = run_case([sys.executable, RAW_GIGATOKEN, "--work", work, "--workers", str(w), "--out", out],
-                                 out, timeout, env)
+                again = run_case(raw_gigatoken_cmd(work, w, out), out, timeout, env)
             else:
                 again = single_zst_row(work, w, timeout, env, text, pinned=peer == "dataflow-zst-1cpu")
             if "error" not in again:
@@ -281,7 +285,7 @@ def compute_ratios(results: list[dict]) -> dict:
             out[f"raw_tokenizers_{w}"] = x
             out["lines"].append(f"{w} worker(s): ours = {x:.1f}x raw tokenizers (target >= 10x: "
                                 f"{'met' if x >= 10 else 'NOT met'})")
-        peers = [r for r in ok if r["peer"] not in (RAW, "raw_gigatoken", OURS[0], "dataflow-zst", "dataflow-zst-1cpu") and r["workers"] == w]
+        peers = [r for r in ok if r["peer"] not in (RAW, "raw_gigatoken", OURS[0], *OURS_ONE_FILE) and r["workers"] == w]
         if peers:
             best = max(peers, key=lambda r: r["mb_per_s"])
             x = ours["mb_per_s"] / best["mb_per_s"]

@@ -160,13 +160,11 @@ class HFTokenizer(Tokenizer):
             if self._hf is None:
                 hf = hf_reference.load_reference(self.source, self._data)
                 meta = hf_reference.meta_of(hf, self.source, self._sha256)
-                if self.meta is not None and (self.meta.vocab_size, self.meta.eos_id) != (meta.vocab_size,
-                                                                                        meta.eos_id):
-                    log.warning("%s: the vocabulary size and EOS remembered on this machine were wrong (%d, %d); "
-                                "using %d, %d", self.source, self.meta.vocab_size, self.meta.eos_id, meta.vocab_size,
-                                meta.eos_id)
-                    self.meta = None
-                if self.meta is None:
+                known = None if self.meta is None else (self.meta.vocab_size, self.meta.eos_id)
+                if known != (meta.vocab_size, meta.eos_id):
+                    if known is not None:
+                        log.warning("%s: the vocabulary size and EOS remembered on this machine were wrong %s; "
+                                    "using %d, %d", self.source, known, meta.vocab_size, meta.eos_id)
                     self.meta = meta
                     hf_reference.remember_meta(meta)
                 self._hf = hf
