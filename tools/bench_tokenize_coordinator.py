@@ -5,7 +5,8 @@ of corpus: KJV copies, each with its own letter substitution (distinct words), a
 GPT-2 `tokenizer.json`, `--workers 2` by default. For each run the child reports the CPU time of its own
 process (`getrusage(RUSAGE_SELF)`: the coordinator, with its reader and feeder threads) and of its worker
 processes (`RUSAGE_CHILDREN`). The marginal figures, large run minus small run, cancel the fixed start
-(imports, tokenizer load and proof, pool start), each run repeated (`--repeat`, medians):
+(imports, tokenizer load and proof, pool start). Runs are repeated (`--repeat`) in interleaved rounds (small,
+then large), and each figure is the median of its runs; the share of each round is printed too:
 
   coordinator share = d(self CPU) / d(self + children CPU)     (the done-when: at most 3% at 2 workers)
   coordinator ceiling = d(text bytes) / d(self CPU)             (the node can never tokenize faster)
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -74,14 +76,17 @@ def measure(inputs: str, out: str, tokenizer: str, workers: int) -> dict:
 ZST_FILES = 8
 
 
-def steady(inputs: str, out: str, tokenizer: str, workers: int, repeat: int) -> dict:
-    """`measure` `repeat` times, each figure the median: the fixed start (tokenizer load, sample check) moves by
-    +-0.3 CPU-s from run to run here, as much as the marginal it must cancel."""
-    import statistics
-
-    runs = [measure(inputs, out, tokenizer, workers) for _ in range(max(repeat, 1))]
+def steady(runs: list[dict]) -> dict:
+    """The median of each figure of `runs` (of one size and kind): the fixed start (tokenizer load, sample
+    check) moves by +-0.3 CPU-s from run to run here, as much as the marginal it must cancel."""
     return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], (int, float)) else runs[0][k]
             for k in runs[0]}
+
+
+def paired_shares(small: list[dict], large: list[dict]) -> list[float]:
+    """The coordinator's marginal share of each round (its small run against its large run, measured one after
+    the other): rounds interleave the sizes, so a machine that grows busier mid-benchmark moves both alike."""
+    return [marginal(a, b)[3] for a, b in zip(small, large)]
 
 
 def many_zst(work: str, files: int = ZST_FILES) -> str:
@@ -138,18 +143,30 @@ def main() -> int:
     if len(sizes) != 2 or sizes[0] >= sizes[1]:
         raise SystemExit("--mb takes two sizes, the smaller first (e.g. 55,176)")
     gpt2 = str(repo_data.gpt2_json())
-    runs, zst_runs = [], []
+    corpora = []
     for mb in sizes:
         work = os.path.join(args.work, f"{mb:.0f}M")
         write_corpus(work, mb, distinct=True)
-        for inputs, kind, into in ((os.path.join(work, "input"), "JSONL", runs),
-                                   (many_zst(work), f"{ZST_FILES} .zst", zst_runs)):
-            r = steady(inputs, os.path.join(work, "out"), gpt2, args.workers, args.repeat)
+        corpora.append((mb, work, os.path.join(work, "input"), many_zst(work)))
+    # rounds of (small JSONL, small .zst files, large JSONL, large .zst files): interleaved, so that the machine's
+    # load, which drifts over a minute here, weighs on both sizes alike
+    measured: dict[tuple[int, str], list[dict]] = {}
+    for _ in range(max(args.repeat, 1)):
+        for k, (mb, work, jsonl, zst_dir) in enumerate(corpora):
+            for kind, inputs in (("JSONL", jsonl), (f"{ZST_FILES} .zst", zst_dir)):
+                measured.setdefault((k, kind), []).append(measure(inputs, os.path.join(work, "out"), gpt2,
+                                                                  args.workers))
+    runs, zst_runs = [], []
+    for k, (mb, *_rest) in enumerate(corpora):
+        for kind, into in (("JSONL", runs), (f"{ZST_FILES} .zst", zst_runs)):
+            r = steady(measured[(k, kind)])
             into.append(r)
             print(f"{mb:>5.0f} MB, {kind:>7}: {r['text_bytes'] / 1e6:7.1f} MB of text, wall {r['wall']:6.1f} s, "
-                  f"coordinator {r['self']:6.2f} CPU-s, workers {r['children']:7.2f} CPU-s ({r['engine']})",
-                  flush=True)
+                  f"coordinator {r['self']:6.2f} CPU-s, workers {r['children']:7.2f} CPU-s ({r['engine']}; "
+                  f"medians of {len(measured[(k, kind)])})", flush=True)
+    rounds = paired_shares(measured[(0, "JSONL")], measured[(1, "JSONL")])
     d_text, d_self, d_kids, share = marginal(*runs)
+    share_rounds = statistics.median(rounds)
     zst_share = marginal(*zst_runs)[3]
     ceiling = d_text * 1e3 / max(d_self, 1e-9)  # MB/s
     per_core = d_text * 1e3 / max(d_kids, 1e-9)
@@ -161,6 +178,9 @@ def main() -> int:
     else:  # the larger run's coordinator spent less: its fixed start (imports, tokenizer load) moved more
         print(f"  coordinator: 0.00 CPU-s per GB of text, 0.0% of all the CPU (target: at most 3%); its CPU "
               f"fell by {-d_self:.2f} s from the smaller run to the larger, the noise of its fixed start")
+    print(f"  the coordinator's share round by round (its small run, then its large): "
+          f"{', '.join(f'{x:+.1%}' for x in rounds)}; median {share_rounds:+.1%} (below 0: the large run's coordinator "
+          f"spent less, the noise of its fixed start)")
     committing = runs[1]["committing"] / (runs[1]["text_bytes"] / 1e9)
     print(f"  coordinator while it commits (first commit to last, {sizes[1]:.0f} MB): {committing:.2f} CPU-s per GB "
           f"of text, {runs[1]['committing'] / (runs[1]['self'] + runs[1]['children']):.1%} of the run's CPU")
@@ -182,7 +202,7 @@ def main() -> int:
     with open(args.json, "w") as f:
         json.dump({"sizes_mb": sizes, "workers": args.workers, "runs": runs, "coordinator_share": share,
                    "coordinator_cpu_s_per_gb": d_self / max(d_text, 1e-9), "ceiling_mb_s": ceiling,
-                   "committing_cpu_s_per_gb": committing,
+                   "committing_cpu_s_per_gb": committing, "coordinator_share_rounds": rounds,
                    "worker_mb_s_per_core": per_core, "zst_decompression_mb_s": zst,
                    "zst_files": ZST_FILES, "zst_runs": zst_runs, "zst_files_coordinator_share": zst_share,
                    "projection_mb_s": {c: min(c * per_core, ceiling) for c in (16, 64)}}, f, indent=1)

@@ -231,6 +231,10 @@ def coordinator_section(d: dict) -> list[str]:
     per_gb, share = max(d["coordinator_cpu_s_per_gb"], 0.0), max(d["coordinator_share"], 0.0)  # noise below 0
     lines += [f"- the coordinator: {per_gb:.2f} CPU-s per GB of text, {share:.1%} of the run's marginal CPU "
               f"(target: at most 3%: {'met' if share <= 0.03 else 'NOT met'})",
+              *(["- its share in each interleaved round (small run, then large): "
+                 + ", ".join(f"{x:+.1%}" for x in d["coordinator_share_rounds"])
+                 + " (below 0: the large run's coordinator spent less; the noise of a fixed start of ~1.5 CPU-s)"]
+                if "coordinator_share_rounds" in d else []),
               *([f"- the coordinator from its first commit to its last (the work that grows with the input): "
                  f"{d['committing_cpu_s_per_gb']:.2f} CPU-s per GB of text"] if "committing_cpu_s_per_gb" in d else []),
               "- the per-node ceiling it sets: " + ("none measurable (its marginal CPU is within the noise)"
