@@ -135,7 +135,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", default="55,176", help="the two corpus sizes, MB of JSONL")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=3, help="runs per size and kind; each figure is their median")
+    p.add_argument("--repeat", type=int, default=5, help="rounds of runs (each size and kind); each figure is their median")
     p.add_argument("--work", default=os.path.join(ROOT, "bench-out", "coordinator"))
     p.add_argument("--json", default=os.path.join(ROOT, "bench-out", "results", "tokenize_coordinator.json"))
     args = p.parse_args()

@@ -226,11 +226,16 @@ def coordinator_section(d: dict) -> list[str]:
              f"`tools/bench_tokenize_coordinator.py`: `dataflow tokenize --workers {d['workers']}` on "
              f"{d['sizes_mb'][0]:.0f} and {d['sizes_mb'][1]:.0f} MB of JSONL (distinct words), CPU time of the "
              f"command's own process (`RUSAGE_SELF`) against its workers' (`RUSAGE_CHILDREN`), marginal between the "
-             f"two sizes so that the fixed start cancels:", ""]
+             f"two sizes so that the fixed start cancels"
+             + (f" (each figure the median of {len(d['coordinator_share_rounds'])} interleaved rounds)"
+                if "coordinator_share_rounds" in d else "") + ":", ""]
     ceiling = d["ceiling_mb_s"]
     per_gb, share = max(d["coordinator_cpu_s_per_gb"], 0.0), max(d["coordinator_share"], 0.0)  # noise below 0
-    lines += [f"- the coordinator: {per_gb:.2f} CPU-s per GB of text, {share:.1%} of the run's marginal CPU "
-              f"(target: at most 3%: {'met' if share <= 0.03 else 'NOT met'})",
+    first = (f"- the coordinator: {per_gb:.2f} CPU-s per GB of text, {share:.1%} of the run's marginal CPU"
+             if d["coordinator_cpu_s_per_gb"] > 0 else
+             "- the coordinator: no marginal CPU measurable (the large runs' coordinator spent less than the small "
+             "runs', by the noise of its fixed start)")
+    lines += [f"{first} (target: at most 3%: {'met' if share <= 0.03 else 'NOT met'})",
               *(["- its share in each interleaved round (small run, then large): "
                  + ", ".join(f"{x:+.1%}" for x in d["coordinator_share_rounds"])
                  + " (below 0: the large run's coordinator spent less; the noise of a fixed start of ~1.5 CPU-s)"]
