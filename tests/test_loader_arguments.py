@@ -107,3 +107,11 @@ def test_a_bad_dataflow_cache_limit_is_one_line_naming_it(monkeypatch, ds_path, 
     monkeypatch.setenv("DATAFLOW_CACHE_LIMIT", value)
     with pytest.raises(ConfigError, match=rf"DATAFLOW_CACHE_LIMIT='{value}' is not a size"):
         StreamingDataset(ds_path, seq_len=SEQ)
+
+
+@pytest.mark.parametrize("given", [{"world_size": 2}, {"rank": 1}])
+def test_rank_or_world_size_alone_is_refused_not_taken_as_rank_0(ds_path, given):
+    # world_size=2 alone once made every process rank 0 of 2: all ranks read the same samples
+    missing = "rank" if "world_size" in given else "world_size"
+    with pytest.raises(ConfigError, match=rf"without {missing}: pass both .* or neither"):
+        StreamingDataset(ds_path, seq_len=SEQ, **given)

@@ -79,6 +79,7 @@ class StreamingDataset(IterableDataset):
         self._check_not_empty()
         self.storages = [Storage(p, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
                          for p in self.paths]
+        self._check_shards_present()
         self.reader = ShardReader(self.index, self.storages, self.decode_once)
         self.cursor = Cursor(self.seed, self.num_samples, seq_len, self.index.fingerprint)
 
@@ -95,6 +96,12 @@ class StreamingDataset(IterableDataset):
         if self.num_samples < world:
             raise ConfigError(f"{what}: {self.num_samples} samples cannot give each of {world} ranks one; "
                               f"use fewer ranks{', or a shorter seq_len' if self.seq_len else ''}")
+
+    def _check_shards_present(self) -> None:
+        """A local dataset missing a shard file (a partial copy) is said now, not when an epoch reaches it."""
+        for src, info in self.shards:
+            if not self.storages[src].remote:
+                self.storages[src].local_path(info)  # a one-line FormatError naming the missing file
 
     def describe(self) -> str:
         return f"{self.paths[0]}"
@@ -304,5 +311,10 @@ def _check_arguments(given: dict[str, Any]) -> None:
         if not acceptable(given[name]):
             raise ConfigError(f"StreamingDataset: {name} must be {want}, got {given[name]!r}")
     rank, world = given["rank"], given["world_size"]
+    if (rank is None) != (world is None):  # the missing one taken as 0 or 1 would give every process rank 0
+        given_one, missing = ("world_size", "rank") if rank is None else ("rank", "world_size")
+        raise ConfigError(f"StreamingDataset: {given_one}={given[given_one]} without {missing}: pass both (this "
+                          f"process's data-parallel rank and the number of ranks), or neither to take "
+                          f"torch.distributed's")
     if rank is not None and world is not None and rank >= world:
         raise ConfigError(f"StreamingDataset: rank {rank} is outside world_size {world} (ranks are 0 to {world - 1})")

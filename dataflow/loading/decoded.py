@@ -104,17 +104,38 @@ def _warn_here(roots: list[str], cache_dir: str, why: str) -> None:
                 ", ".join(roots), cache_dir, why)
 
 
-def path_to_read(storage: Any, shard: ShardInfo, decode: tuple[str, int] | None) -> tuple[str, tuple | None]:
+def path_to_read(storage: Any, shard: ShardInfo, decode: tuple[str, int] | None,
+                 compressed: bool = False) -> tuple[str, tuple | None]:
     """(the file to read `shard` from, `decode` as it stands): its decoded copy when `decode` says so, held
     until `storage.release`, else the shard itself. A local dataset whose cache became unwritable since
-    `usable` decodes in the process from then on (said once); a remote one cannot do without it."""
+    `usable` decodes in the process from then on (said once); a remote one cannot do without it.
+    A `compressed` local shard read in place is checked against its sha256 first (once per process): zstd
+    decodes many damaged buffers without complaint, and this reader would serve their tokens."""
     try:
-        return (storage.decoded_path(shard, *decode) if decode else storage.local_path(shard)), decode
+        if decode:
+            return storage.decoded_path(shard, *decode), decode
     except cache.CacheUnwritable as e:
-        if storage.remote or not decode:
+        if storage.remote:
             raise
         _warn_here([storage.root], storage.cache_dir, e.reason)
-        return storage.local_path(shard), None
+    path = storage.local_path(shard)
+    if compressed and not storage.remote:  # a remote shard was checked when it was downloaded
+        _check_in_place(path, shard, storage.url(shard))
+    return path, None
+
+
+_CHECKED: set[tuple[str, int, int]] = set()  # (path, size, mtime) of the local shards this process has hashed
+
+
+def _check_in_place(path: str, shard: ShardInfo, name: str) -> None:
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key in _CHECKED:
+        return
+    if sha256_local(path) != (shard.bytes, shard.sha256):
+        raise FormatError(f"{name}: its sha256 does not match the manifest; the shard is damaged or was replaced: "
+                          f"run `dataflow verify` on the dataset")
+    _CHECKED.add(key)
 
 
 def _disk_full(e: BaseException) -> OSError | None:

@@ -52,7 +52,7 @@ class ShardReader:
             src, info = self.index.shards[k]
             m, storage = self.index.manifests[src], self.storages[src]
             t_decode = time.perf_counter()
-            path, decoded = decoded_mod.path_to_read(storage, info, self._decoded[src])
+            path, decoded = decoded_mod.path_to_read(storage, info, self._decoded[src], m.compression == "zstd")
             self._decoded[src] = decoded  # None from now on if the cache became unwritable
             waited = time.perf_counter() - t_decode if decoded else 0.0
             shard = self._open[k] = OpenShard(path, m.format, info, m.tokenizer.vocab_size, m.dtype,

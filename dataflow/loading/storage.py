@@ -127,7 +127,11 @@ class Storage:
         """Blocking: a complete, verified local file of the shard. Remote shards stay in use (never
         evicted) until a matching `release(shard)`; local ones are returned in place."""
         if not self.remote:
-            return os.path.join(self.root, shard.path)
+            path = os.path.join(self.root, shard.path)
+            if not os.path.isfile(path):
+                raise FormatError(f"{path}: the manifest lists this shard but the file is missing (an incomplete "
+                                  f"copy?); copy the dataset again, then run `dataflow verify {self.root}`")
+            return path
         path = self._entry(shard)
         return self._hold(path, shard.bytes, lambda: cache.verified(path, shard.bytes),
                           lambda: self._fetch(shard, path, wait=True))
