@@ -167,6 +167,25 @@ def test_spawned_workers_give_the_same_batches(ds_path):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+def test_forkserver_workers_wait_for_a_slow_consumer_and_survive_an_idle_pause(ds_path):
+    # a forkserver worker's parent is the fork server: it once took that for its loader's death and quit
+    # whenever it waited for a free slot (a slow training step) or sat idle between epochs
+    want = reference(ds_path, 12)
+    loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ, seed=5), batch_size=4, num_workers=2,
+                                 multiprocessing_context="forkserver", persistent_workers=True)
+    got = []
+    for b in loader:
+        got.append(b["input_ids"].clone())
+        time.sleep(0.15)  # longer than a worker's wait for a free slot between its checks
+        if len(got) == 6:
+            break
+    time.sleep(1.5)  # idle workers check on their parent every PARENT_CHECK_S
+    got += [b["input_ids"].clone() for _, b in zip(range(6), loader)]
+    assert all(torch.equal(a, b) for a, b in zip(got[:6], want[:6]))
+    assert all(torch.equal(a, b) for a, b in zip(got[6:], want[6:]))
+    loader.close()
+
+
 def test_partial_last_batch_without_drop_last(ds_path):
     ds = StreamingDataset(ds_path, seq_len=SEQ)
     batches = list(StreamingDataLoader(ds, batch_size=7, num_workers=2, drop_last=False))

@@ -67,12 +67,15 @@ class _Shared:
 
 
 def _worker_main(source: BatchSource, ring: SlotRing, shared: _Shared, worker: int, num_workers: int, hook: Hook,
-                 ctrl: mpc.Connection, results: mpc.Connection, parent: int) -> None:
+                 ctrl: mpc.Connection, results: mpc.Connection) -> None:
     """A loader worker: waits for a job, fills its slots with its batches, reports how the job ended.
 
     It leaves when its parent process is gone (checked while it waits). Not PR_SET_PDEATHSIG: that
-    fires when the *thread* that started the pool ends, and a prefetcher's thread often does."""
+    fires when the *thread* that started the pool ends, and a prefetcher's thread often does. Its parent
+    is the loader's process under fork and spawn, the fork server under forkserver (which exits
+    with the loader's process): whichever it is, a worker whose parent changes has lost it."""
     torch.set_num_threads(1)
+    parent = os.getppid()
     try:
         while True:
             while not ctrl.poll(PARENT_CHECK_S):
@@ -157,7 +160,7 @@ class WorkerPool:
             ctrl_recv, ctrl_send = ctx.Pipe(duplex=False)
             res_recv, res_send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker_main, name=f"dataflow-loader-{w}", daemon=True,
-                            args=(source, self.ring, shared, w, num_workers, hook, ctrl_recv, res_send, os.getpid()))
+                            args=(source, self.ring, shared, w, num_workers, hook, ctrl_recv, res_send))
             p.start()
             ctrl_recv.close()
             res_send.close()
