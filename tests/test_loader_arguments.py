@@ -115,3 +115,21 @@ def test_rank_or_world_size_alone_is_refused_not_taken_as_rank_0(ds_path, given)
     missing = "rank" if "world_size" in given else "world_size"
     with pytest.raises(ConfigError, match=rf"without {missing}: pass both .* or neither"):
         StreamingDataset(ds_path, seq_len=SEQ, **given)
+
+
+def test_dropped_tokens_are_the_tokens_no_sample_holds(ds_path):
+    ds = StreamingDataset(ds_path, seq_len=SEQ, shuffle=False)
+    seen = set()  # counting tokens (all below 65,000 here): each value is one position of the corpus
+    for b in StreamingDataLoader(ds, batch_size=1):  # every sample (no partial batch dropped)
+        seen.update(b["input_ids"].flatten().tolist())
+        seen.update(b["labels"].flatten().tolist())
+    total = sum(s.tokens for _, s in ds.shards)
+    assert ds.dropped_tokens == total - len(seen) > 0
+
+
+@pytest.mark.parametrize("state", [{}, {"loader": {"epoch": 0}}])
+def test_a_dict_that_is_no_loader_state_is_said_to_be_so(ds_path, state):
+    loader = StreamingDataLoader(StreamingDataset(ds_path, seq_len=SEQ), batch_size=2)
+    with pytest.raises(ConfigError, match=r"not a loader state \(its keys: .*\); pass what "
+                                          r"StreamingDataLoader.state_dict\(\) returned"):
+        loader.load_state_dict(state)

@@ -8,7 +8,7 @@ import pytest
 
 import dataflow.loading.dataset as dataset_module
 import dataflow.loading.reader as reader_module
-from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
+from dataflow import ConfigError, ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
 
 META = TokenizerMeta(kind="hf", name="counting", vocab_size=65536, eos_id=65535)
 SEQ = 16
@@ -60,6 +60,17 @@ def test_mixing_is_deterministic_and_resumes_exactly(sources):
     resumed.load_state_dict(state)
     rest = [b["input_ids"] for b in resumed]
     assert len(rest) == len(full) - 50 and all((a == b).all() for a, b in zip(rest, full[50:]))
+
+
+def test_a_small_weight_is_served_not_rounded_away(sources):
+    # weights were rounded to multiples of 1/10,000: a source at 4e-5 of the mix got no sample at all
+    weights = {sources[0]: 1.0, sources[2]: 4e-5}
+    ds = StreamingDataset(weights, seq_len=SEQ, seed=1)
+    source, _ = ds.index.blend.locate(np.arange(200_000))
+    assert (source == 1).sum() == 8  # 4e-5 of 200,000 samples
+    with pytest.raises(ConfigError, match=r"mixing weight 1e-07 \(source 1\) is below 1/2,000,000 .* leave the "
+                                          r"source out"):
+        StreamingDataset({sources[0]: 1.0, sources[2]: 1e-7}, seq_len=SEQ)
 
 
 @pytest.mark.timing  # also compares the first batch's wall time with the manifest read's

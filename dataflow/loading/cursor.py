@@ -60,7 +60,8 @@ class Cursor:
         meanwhile stops this one with a `DataflowError` instead of letting it overwrite the position."""
         for b, batch in enumerate(batches):
             if token is not None and token != self.generation:
-                raise DataflowError("this loader iterator was replaced by a newer iter(loader); iterate the new one")
+                raise DataflowError("this loader iterator was replaced by a newer iter(loader), set_epoch() or "
+                                   "load_state_dict(); iterate a new one")
             self.consumed = plan.consumed_after(b + 1)
             yield batch
         if token is None or token == self.generation:

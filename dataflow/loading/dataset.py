@@ -98,10 +98,21 @@ class StreamingDataset(IterableDataset):
                               f"use fewer ranks{', or a shorter seq_len' if self.seq_len else ''}")
 
     def _check_shards_present(self) -> None:
-        """A local dataset missing a shard file (a partial copy) is said now, not when an epoch reaches it."""
+        """A local dataset missing a shard file (a partial copy) is said now, not when an epoch reaches it: one
+        listing per folder (a stat per shard would load a shared file system's metadata server, on every rank)."""
+        listed: dict[str, set[str]] = {}
         for src, info in self.shards:
-            if not self.storages[src].remote:
-                self.storages[src].local_path(info)  # a one-line FormatError naming the missing file
+            storage = self.storages[src]
+            if storage.remote:
+                continue
+            folder = os.path.join(storage.root, os.path.dirname(info.path))
+            if folder not in listed:
+                try:
+                    listed[folder] = set(os.listdir(folder))
+                except OSError:
+                    listed[folder] = set()
+            if os.path.basename(info.path) not in listed[folder]:
+                storage.in_place(info)  # a one-line FormatError naming the missing file
 
     def describe(self) -> str:
         return f"{self.paths[0]}"

@@ -265,7 +265,8 @@ class WorkerPool:
         waited = 0.0
         while self.job != job or not self.shared[w].ready.acquire(timeout=POLL_S):
             if self.job != job:
-                raise DataflowError("this loader iterator was replaced by a newer iter(loader); iterate the new one")
+                raise DataflowError("this loader iterator was replaced by a newer iter(loader), set_epoch() or "
+                                   "load_state_dict(); iterate a new one")
             waited += POLL_S
             if self.results[w].poll() or not self.procs[w].is_alive():
                 if self.shared[w].ready.acquire(False):  # it posted its batch, then ended or died: take it

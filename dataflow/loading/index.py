@@ -40,7 +40,8 @@ class SampleIndex:
         tokens = np.array([s.tokens for _, s in self.shards], dtype=np.int64)
         if seq_len:
             self.counts = np.maximum(tokens - 1, 0) // seq_len
-            self.dropped_tokens = int((tokens - self.counts * seq_len).sum())  # shard tails, counted
+            # shard tails: tokens in no sample (a sample's last token, its last label, starts the next one's)
+            self.dropped_tokens = int((tokens - np.where(self.counts > 0, self.counts * seq_len + 1, 0)).sum())
         else:
             self.counts = np.array([s.documents for _, s in self.shards], dtype=np.int64)
             self.dropped_tokens = 0

@@ -4,7 +4,9 @@ The rule is Megatron's blended dataset: sample m goes to the source furthest bel
 (`weight * (m + 1) - served`), so over any prefix every source is within one sample of its target.
 With weights rounded to multiples of 1/period, that greedy sequence repeats exactly every `period`
 samples, so one period is computed once and any m is located in O(1): no replay from the start on
-resume, whatever the position.
+resume, whatever the position. The period is 10,000 samples, or the first of 100,000 and 1,000,000 at which
+every source with a positive weight gets at least one sample (a weight below 1/2,000,000 of the total is
+refused rather than served nothing).
 """
 
 from __future__ import annotations
@@ -51,21 +53,24 @@ def check_weights(weights: list[Any]) -> np.ndarray:
     return w
 
 
+PERIODS = (10_000, 100_000, 1_000_000)  # the first at which every positive weight gets a sample is used
+
+
 class Blend:
-    def __init__(self, weights: list[float], period: int = 10_000):
+    def __init__(self, weights: list[float]):
         w = check_weights(weights)
-        quota = _round_to_total(w / w.sum() * period, period)  # samples of each source per period
+        for period in PERIODS:
+            quota = _round_to_total(w / w.sum() * period, period)  # samples of each source per period
+            if (quota[w > 0] > 0).all():
+                break
+        else:
+            small = int(np.flatnonzero((w > 0) & (quota == 0))[0])
+            raise ConfigError(f"mixing weight {weights[small]} (source {small}) is below 1/{2 * PERIODS[-1]:,} of "
+                              f"the weights' sum: the mix would never serve it; raise it or leave the source out")
         self.weights = quota / period
         self.period = period
         self.quota = quota
-        served = np.zeros(len(w), dtype=np.int64)
-        order = np.empty(period, dtype=np.int32)
-        index = np.empty(period, dtype=np.int64)  # index of the sample within its source, in the period
-        for m in range(period):
-            s = int(np.argmax(self.weights * (m + 1) - served))
-            order[m], index[m] = s, served[s]
-            served[s] += 1
-        self.order, self.index = order, index
+        self.order, self.index = _greedy(self.weights.tolist(), period)
 
     def locate(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised: mixed sample ids -> (source, sample index within that source's stream)."""
@@ -84,6 +89,24 @@ class Blend:
             for e in np.unique(epochs).tolist():
                 sub = epochs == e
                 yield s, e, g[sub], sel[sub]
+
+
+def _greedy(weights: list[float], period: int) -> tuple[np.ndarray, np.ndarray]:
+    """One period of the rule: each sample's source, and its index among that source's samples of the period.
+    Plain Python floats (the same IEEE arithmetic as numpy's, the first source winning a tie): a million
+    samples in about a second."""
+    served = [0] * len(weights)
+    order, index = [0] * period, [0] * period
+    for m in range(period):
+        t = m + 1
+        best, lag = 0, weights[0] * t - served[0]
+        for i in range(1, len(weights)):
+            v = weights[i] * t - served[i]
+            if v > lag:
+                best, lag = i, v
+        order[m], index[m] = best, served[best]
+        served[best] += 1
+    return np.array(order, dtype=np.int32), np.array(index, dtype=np.int64)
 
 
 def _round_to_total(x: np.ndarray, total: int) -> np.ndarray:

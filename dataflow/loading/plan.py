@@ -82,6 +82,10 @@ class LoaderState:
         """Parse a saved state, with one clear error for anything malformed."""
         if not isinstance(state, dict):
             raise ConfigError(f"cannot resume: a loader state is a dict (from state_dict()), got {type(state).__name__}")
+        if "version" not in state:
+            keys = ", ".join(map(str, state)) or "none"
+            raise ConfigError(f"cannot resume: this is not a loader state (its keys: {keys}); pass what "
+                              f"StreamingDataLoader.state_dict() returned")
         if state.get("version") != STATE_VERSION:
             raise ConfigError(f"cannot resume: loader state version {state.get('version')!r} is not {STATE_VERSION} "
                               f"(saved by another dataflow version); start the epoch afresh")

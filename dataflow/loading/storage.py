@@ -127,14 +127,18 @@ class Storage:
         """Blocking: a complete, verified local file of the shard. Remote shards stay in use (never
         evicted) until a matching `release(shard)`; local ones are returned in place."""
         if not self.remote:
-            path = os.path.join(self.root, shard.path)
-            if not os.path.isfile(path):
-                raise FormatError(f"{path}: the manifest lists this shard but the file is missing (an incomplete "
-                                  f"copy?); copy the dataset again, then run `dataflow verify {self.root}`")
-            return path
+            return self.in_place(shard)
         path = self._entry(shard)
         return self._hold(path, shard.bytes, lambda: cache.verified(path, shard.bytes),
                           lambda: self._fetch(shard, path, wait=True))
+
+    def in_place(self, shard: ShardInfo) -> str:
+        """A local dataset's shard file, or a one-line `FormatError` when the manifest lists it and it is missing."""
+        path = os.path.join(self.root, shard.path)
+        if not os.path.isfile(path):
+            raise FormatError(f"{path}: the manifest lists this shard but the file is missing (an incomplete "
+                              f"copy?); copy the dataset again, then run `dataflow verify {self.root}`")
+        return path
 
     def decoded_path(self, shard: ShardInfo, fmt: str = "arrow", itemsize: int = 2) -> str:
         """Blocking: an uncompressed copy of a zstd shard (`fmt`: arrow or tar) in the shared cache, decoded
