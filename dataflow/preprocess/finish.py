@@ -23,6 +23,7 @@ from dataflow.preprocess.tokenizers import Tokenizer
 
 if TYPE_CHECKING:
     from dataflow.preprocess.run import TokenizeConfig
+    from dataflow.preprocess.startup import TaskPlan
 
 
 def copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
@@ -37,12 +38,13 @@ def copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
 
 
 def write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, metas: dict[str, TokenizerMeta],
-                    files: list[str], task_bundles: tuple[int, int]) -> dict[str, dict[str, int]]:
+                    files: list[str], plan: TaskPlan) -> dict[str, dict[str, int]]:
     """Every split's manifest over the shards the journal lists; then the work folder goes."""
-    provenance: dict[str, Any] = {"inputs": files, "settings": cfg.output_settings(), "dataflow": dataflow.__version__,
+    provenance: dict[str, Any] = {"inputs": files, "settings": cfg.output_settings(plan.inputs),
+                                  "dataflow": dataflow.__version__,
                                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if layout.tasked:
-        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "bundles": list(task_bundles)}
+        provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "bundles": list(plan.task_bundles)}
     datasets = {}
     for split in layout.splits:
         shards = [ShardInfo(**s) for s in progress.shards.get(split, [])]

@@ -41,6 +41,15 @@ class Layout:
     def exists(self, path: str) -> bool:
         return output.exists(path) if self.remote else os.path.exists(path)
 
+    def writer_dirs_either_layout(self) -> list[str]:
+        """This task's folders with and without a val split (OUT, OUT/train, OUT/val, or its part of each): where
+        an earlier run of other settings may have left a dataset."""
+        dirs = [self.out, output.join(self.out, "train"), output.join(self.out, "val")]
+        return [output.join(d, self.part) for d in dirs] if self.part else dirs
+
+    def manifests_either_layout(self) -> list[str]:
+        return [output.join(d, MANIFEST_NAME) for d in self.writer_dirs_either_layout()]
+
     def finished_manifest(self) -> str | None:
         path = output.join(self.writer_dir("train"), MANIFEST_NAME)
         return path if self.exists(path) else None
@@ -70,21 +79,22 @@ class Layout:
                         os.remove(os.path.join(folder, name))
 
     def clear(self) -> None:
-        """Remove this task's earlier output (for --overwrite)."""
+        """Remove this task's earlier output (for --overwrite), in either layout: a run that adds or drops the val
+        split leaves nothing of the other behind."""
+        dataset_files = (MANIFEST_NAME, "tokenizer.json", "tokenizer.tiktoken")
         if self.remote:
-            for split in ("train", "val"):
-                output.remove_shards(self.writer_dir(split), also=(MANIFEST_NAME, "tokenizer.json",
-                                                                  "tokenizer.tiktoken"))
+            for folder in self.writer_dirs_either_layout():
+                output.remove_shards(folder, also=dataset_files)
             shutil.rmtree(self.work, ignore_errors=True)
             if os.path.exists(self.errors):
                 os.remove(self.errors)
             return
-        for path in [self.work, self.errors] + [self.writer_dir(s) for s in ("train", "val")]:
-            if os.path.isdir(path) and path != self.out:
+        for path in [self.work, self.errors] + [d for d in self.writer_dirs_either_layout() if d != self.out]:
+            if os.path.isdir(path):
                 shutil.rmtree(path)
             elif os.path.isfile(path):
                 os.remove(path)
         if not self.tasked and os.path.isdir(self.out):
             for name in os.listdir(self.out):
-                if name.startswith("shard-") or name in (MANIFEST_NAME, "tokenizer.json", "tokenizer.tiktoken"):
+                if name.startswith("shard-") or name in dataset_files:
                     os.remove(os.path.join(self.out, name))

@@ -71,11 +71,14 @@ class TokenizeConfig:
     overwrite: bool = False
     progress: bool = True
 
-    def output_settings(self) -> dict[str, Any]:
-        """Everything that changes the output bytes; a rerun must match these to resume."""
+    def output_settings(self, inputs: list[list[Any]]) -> dict[str, Any]:
+        """Everything that changes the output bytes; a rerun must match these to resume. `inputs`: the files
+        the inputs name, as [name in ids, bytes] (`startup.TaskPlan.inputs`), not the arguments as typed: a
+        file added, removed or resized since an interrupted run would shift every unit after it."""
         d = asdict(self)
-        for k in ("out", "workers", "executor", "task_index", "overwrite", "progress"):
+        for k in ("out", "workers", "executor", "task_index", "overwrite", "progress", "max_errors"):
             d.pop(k)
+        d["inputs"] = inputs
         d["unit_bytes"] = self.unit_bytes or DEFAULT_UNIT_BYTES  # shards end where bundles end
         d["shard_size"] = parse_size(self.shard_size)
         return json.loads(json.dumps(d))
@@ -201,8 +204,8 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     # finished: a manifest and no work left behind (a run killed while closing its splits has written some)
     done = layout.finished_manifest() if journaled is None and not os.path.isdir(layout.work) else None
     if done:
-        return _summary_of_finished(cfg, layout, started, done)
-    startup.refuse_other_work(cfg, layout, journaled)
+        return _summary_of_finished(cfg, layout, plan, started, done)
+    startup.refuse_other_work(cfg, layout, plan, journaled)
     startup.check_fields(plan.units, cfg.text_field, cfg.id_field)
     start = (journaled.next_unit, journaled.next_piece) if journaled else (0, 0)
     todo = [bundle for bundle in plan.bundles if bundle[0].index >= start[0]]
@@ -229,11 +232,11 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
             if journaled is None:
                 shutil.rmtree(layout.work, ignore_errors=True)
             raise
-        progress = startup.start_or_resume(cfg, layout, journaled)
+        progress = startup.start_or_resume(cfg, layout, plan, journaled)
         metas = copy_tokenizer(layout, tok)
         done_units = len(plan.task_units) - sum(map(len, todo))
         progress = _commit_all(cfg, layout, plan, executor.results(), progress, scratch, done_units)
-    datasets = write_manifests(cfg, layout, progress, metas, files, plan.task_bundles)
+    datasets = write_manifests(cfg, layout, progress, metas, files, plan)
     notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
              f"are done"] if layout.tasked else []
     return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
@@ -296,9 +299,10 @@ def _commit_all(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, res
     return committer.progress
 
 
-def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, started: float, manifest: str) -> Summary:
-    """A rerun of a finished run: its counts, once its settings are checked to be the same."""
-    startup.refuse_if_different(cfg, read_manifest(manifest).provenance.get("settings"), cfg.out)
+def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, started: float,
+                         manifest: str) -> Summary:
+    """A rerun of a finished run: its counts, once its settings (inputs included) are checked to be the same."""
+    startup.refuse_if_different(cfg, plan, read_manifest(manifest).provenance.get("settings"), cfg.out)
     tok = load_tokenizer(cfg.tokenizer, cfg.engine)
     datasets, docs, tokens, errors = finished_counts(layout)
     return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - started, tok.meta.name,

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dataflow.errors import ConfigError
-from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
+from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import parse_size
-from dataflow.preprocess import output
 from dataflow.preprocess.journal import Progress, save_progress
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
+from dataflow.preprocess.readers.pieces import splits_into_pieces
 from dataflow.preprocess.readers import first_record_fields, read_unit_blocks
 from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
@@ -37,6 +37,7 @@ class TaskPlan:
     units: list[Unit]  # every unit of every input, in order
     bundles: list[list[Unit]]  # this task's
     task_bundles: tuple[int, int]  # which bundles of the whole input those are: [lo, hi)
+    inputs: list[list[Any]]  # every input file as [its name in ids, its bytes]: what a resume must find again
 
     @property
     def task_units(self) -> list[Unit]:
@@ -46,11 +47,12 @@ class TaskPlan:
 def plan_task(cfg: TokenizeConfig, files: list[str]) -> TaskPlan:
     """Cut the input into units and bundles (by the input and the output settings only), and take this task's."""
     unit_bytes = cfg.unit_bytes or DEFAULT_UNIT_BYTES
-    units = plan_units(files, unit_bytes, file_sizes(files), _display_names(files))
+    sizes, names = file_sizes(files), _display_names(files)
+    units = plan_units(files, unit_bytes, sizes, names)
     bundles = bundle_units(units, unit_bytes)
     lo = cfg.task_index * len(bundles) // cfg.num_tasks
     hi = (cfg.task_index + 1) * len(bundles) // cfg.num_tasks
-    return TaskPlan(units, bundles[lo:hi], (lo, hi))
+    return TaskPlan(units, bundles[lo:hi], (lo, hi), [[names[f], size] for f, size in zip(files, sizes)])
 
 
 def _display_names(files: list[str]) -> dict[str, str]:
@@ -61,24 +63,65 @@ def _display_names(files: list[str]) -> dict[str, str]:
     return {f: os.path.relpath(f.split("://")[-1], root) for f in files}
 
 
-def refuse_if_different(cfg: TokenizeConfig, previous: dict[str, Any] | None, where: str) -> None:
-    """A `ConfigError` when work at `where` was made with other output settings than `cfg`'s."""
-    now = cfg.output_settings()
-    if previous != now:
-        changed = sorted(k for k in now if (previous or {}).get(k) != now[k])
-        raise ConfigError(f"{where} holds work made with other settings ({', '.join(changed) or 'unknown'}); "
-                          f"pass --overwrite to replace it")
+def refuse_if_different(cfg: TokenizeConfig, plan: TaskPlan, previous: dict[str, Any] | None, where: str,
+                        resuming: Progress | None = None) -> None:
+    """A `ConfigError` when work at `where` was made with other output settings than `cfg`'s, or from other
+    input files (added, removed or resized since), unless `resuming` that work can go on over them (see
+    `_resumable`)."""
+    now = cfg.output_settings(plan.inputs)
+    if previous == now:
+        return
+    previous = previous or {}
+    changed = sorted(k for k in set(now) | set(previous) if previous.get(k) != now.get(k))
+    if changed == ["inputs"] and isinstance(previous.get("inputs"), list):
+        if resuming is not None and _resumable(plan, previous["inputs"], resuming):
+            return
+        what = _inputs_changed(previous["inputs"], now["inputs"])
+        raise ConfigError(f"{where} holds work made from other input files ({what}); pass --overwrite to start "
+                          f"again from these")
+    raise ConfigError(f"{where} holds work made with other settings ({', '.join(changed) or 'unknown'}); "
+                      f"pass --overwrite to replace it")
 
 
-def refuse_other_work(cfg: TokenizeConfig, layout: Layout, journaled: Progress | None) -> None:
-    """Refuse to continue an interrupted run, or to write beside a finished one, of other settings."""
+def _resumable(plan: TaskPlan, before: list[Any], progress: Progress) -> bool:
+    """Whether an interrupted run over the input files `before` ([name, bytes] each) goes on rightly over
+    today's: every unit it committed lies in files that are unchanged (any change after them only moves units
+    it has not read), or it stopped inside a compressed file that has grown since (a download that ended
+    early, replaced whole: its committed pieces are the same bytes)."""
+    now = [list(x) for x in plan.inputs]
+    before = [list(x) if isinstance(x, (list, tuple)) else x for x in before]
+    j = next((i for i, (a, b) in enumerate(zip(before, now)) if a != b), min(len(before), len(now)))
+    name = now[j][0] if j < len(now) else None
+    first = next((u.index for u in plan.units if u.name == name), len(plan.units))  # file j's first unit
+    if progress.next_unit < first or (progress.next_unit == first and progress.next_piece == 0):
+        return True
+    if progress.next_unit != first or j >= min(len(before), len(now)):
+        return False
+    grown = before[j][0] == name and isinstance(before[j][1], int) and now[j][1] > before[j][1]
+    return grown and splits_into_pieces(plan.units[first])
+
+
+def _inputs_changed(before: list[Any], now: list[list[Any]]) -> str:
+    """What differs between two input lists ([name, bytes] each), in a few words."""
+    old = {tuple(x)[0]: tuple(x)[-1] for x in before if isinstance(x, (list, tuple)) and x}
+    new = dict((name, size) for name, size in now)
+    added = [n for n in new if n not in old]
+    gone = [n for n in old if n not in new]
+    resized = [n for n in new if n in old and old[n] != new[n]]
+    parts = [f"{what} {', '.join(map(str, names[:3]))}{' ...' if len(names) > 3 else ''}"
+             for what, names in (("added", added), ("gone", gone), ("resized", resized)) if names]
+    return "; ".join(parts) or "another order"
+
+
+def refuse_other_work(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journaled: Progress | None) -> None:
+    """Refuse to continue an interrupted run, or to write beside a finished one (with or without a val split),
+    of other settings or inputs."""
     if journaled is not None:
-        refuse_if_different(cfg, journaled.settings, cfg.out)
-    elif not layout.tasked and layout.exists(output.join(layout.split_dir("train"), MANIFEST_NAME)):
-        previous = read_manifest(output.join(layout.split_dir("train"), MANIFEST_NAME))
-        refuse_if_different(cfg, previous.provenance.get("settings"), cfg.out)
-    elif not layout.tasked and layout.exists(output.join(layout.split_dir("val"), MANIFEST_NAME)):
-        refuse_if_different(cfg, None, cfg.out)
+        refuse_if_different(cfg, plan, journaled.settings, cfg.out, resuming=journaled)
+        return
+    for manifest in layout.manifests_either_layout():
+        if layout.exists(manifest):
+            refuse_if_different(cfg, plan, read_manifest(manifest).provenance.get("settings"), cfg.out)
 
 
 def check_fields(units: list[Unit], text_field: str, id_field: str) -> None:
@@ -149,7 +192,7 @@ def remove_leftovers(layout: Layout, journaled: Progress | None) -> None:
     layout.remove_unlisted_shards({split: {s["path"] for s in shards} for split, shards in listed.items()})
 
 
-def start_or_resume(cfg: TokenizeConfig, layout: Layout, journaled: Progress | None) -> Progress:
+def start_or_resume(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journaled: Progress | None) -> Progress:
     """The journaled progress of an interrupted run (its shards as listed, its error log as long as it was),
     or a fresh journal. Call it once the checks have passed (`remove_leftovers` ran before the workers)."""
     os.makedirs(layout.work, exist_ok=True)
@@ -157,11 +200,12 @@ def start_or_resume(cfg: TokenizeConfig, layout: Layout, journaled: Progress | N
         os.makedirs(layout.writer_dir(split), exist_ok=True)
     progress = journaled
     if progress is None:
-        progress = Progress(settings=cfg.output_settings())
+        progress = Progress(settings=cfg.output_settings(plan.inputs))
         with open(layout.errors, "w"):
             pass
         save_progress(layout.work, progress)  # from here on, a rerun resumes
     else:
+        progress.settings = cfg.output_settings(plan.inputs)  # the inputs as they are now (see `_resumable`)
         with open(layout.errors, "ab") as f:
             f.truncate(progress.errors_log_bytes)
     return progress
