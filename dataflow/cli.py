@@ -171,6 +171,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from dataflow.formats.atomic import atomic_open
 
     root, manifest = _dataset(args.path)
+    if args.output:
+        _check_decode_output(args.output, root)
     with contextlib.ExitStack() as stack:  # -o FILE appears whole, or not at all
         out = stack.enter_context(atomic_open(args.output, "w")) if args.output else sys.stdout
         records = _decoded(root, manifest, stack)
@@ -183,6 +185,18 @@ def cmd_decode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_decode_output(output: str, root: str) -> None:
+    """`decode -o` must name a file outside the dataset (a folder fails after the whole decode; a path in the
+    dataset would replace one of its files)."""
+    if os.path.isdir(output):
+        raise ConfigError(f"-o {output}: is a folder; pass the path of the JSONL file to write")
+    if "://" not in root:
+        dataset, target = os.path.realpath(root), os.path.realpath(output)
+        if os.path.commonpath([dataset, target]) == dataset:
+            raise ConfigError(f"-o {output}: lies inside the dataset {root} (it would replace or add to its "
+                              f"files); write the JSONL elsewhere")
+
+
 def cmd_merge(args: argparse.Namespace) -> int:
     from dataflow.preprocess.merge import merge
 
@@ -190,6 +204,17 @@ def cmd_merge(args: argparse.Namespace) -> int:
         print(f"{split}: merged {count(len(m.provenance['parts']), 'part')}: {count(m.documents, 'document')}, "
               f"{count(m.tokens, 'token')}, {count(len(m.shards), 'shard')}")
     return 0
+
+
+def _documents(text: str) -> int:
+    """--decode N: a number of documents, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of documents (0 or more)")
+    return n
 
 
 def _workers(text: str) -> int | str:
@@ -261,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = add("inspect", "manifest summary, shard table, first documents")
     i.add_argument("path", help="a dataset folder or URL made by `dataflow tokenize` (it holds index.json)")
     i.add_argument("--json", action="store_true", help="print the manifest (and documents) as JSON")
-    i.add_argument("--decode", type=int, default=0, metavar="N", help="show the first N documents as text")
+    i.add_argument("--decode", type=_documents, default=0, metavar="N", help="show the first N documents as text")
     i.set_defaults(func=cmd_inspect)
 
     v = add("verify", "check every shard against the manifest (exit 1 naming each bad shard)")

@@ -93,6 +93,24 @@ def test_decode_failure_leaves_no_partial_output(dataset, tmp_path, capsys, monk
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("where,said", [("folder", "is a folder; pass the path of the JSONL file"),
+                                        ("in the dataset", "lies inside the dataset")])
+def test_decode_output_that_is_a_folder_or_inside_the_dataset_is_refused_before_decoding(dataset, tmp_path, capsys,
+                                                                                        where, said):
+    target = tmp_path if where == "folder" else dataset / "shard-00000.arrow"
+    before = sorted((p.name, p.stat().st_size) for p in dataset.iterdir())
+    assert main(["decode", str(dataset), "-o", str(target), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+    assert sorted((p.name, p.stat().st_size) for p in dataset.iterdir()) == before  # the dataset untouched
+
+
+def test_inspect_decode_takes_a_count_of_documents(dataset, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["inspect", str(dataset), "--decode", "-1"])
+    assert e.value.code == 2 and "'-1' is not a number of documents (0 or more)" in capsys.readouterr().err
+
+
 def test_verify_shows_progress_and_no_progress_silences_it(dataset, capsys):
     capsys.readouterr()
     assert main(["verify", str(dataset)]) == 0

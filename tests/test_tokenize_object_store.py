@@ -126,3 +126,23 @@ def test_a_finished_s3_dataset_is_kept_refused_or_overwritten(s3, tmp_path):
     manifest = json.loads(s3.get_object(Bucket="out", Key="again/index.json")["Body"].read())
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="out", Prefix="again/shard-")["Contents"]}
     assert keys == {f"again/{s['path']}" for s in manifest["shards"]} and len(keys) > 1
+
+
+@pytest.mark.parametrize("case", ["no bucket", "unreachable", "no credentials"])
+def test_an_output_the_store_refuses_is_one_line_before_any_work(s3, kjv, tmp_path, monkeypatch, case):
+    out, said = "s3://out/refused", None
+    if case == "no bucket":
+        out, said = "s3://no-such-bucket/ds", "the bucket 'no-such-bucket' does not exist; create it"
+    elif case == "unreachable":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+        said = "cannot reach the s3:// endpoint"
+    else:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        said = "no credentials found"
+    p = tokenize(kjv, out, "--workers", "1", cache=tmp_path / "c")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.startswith(f"dataflow tokenize: error: {out}: ") and said in p.stderr, p.stderr

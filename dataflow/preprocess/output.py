@@ -19,8 +19,10 @@ from dataclasses import replace
 
 import fsspec
 
+from dataflow.errors import ConfigError, CredentialsError, UnreachableError, cause
 from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, manifest_url
+from dataflow.formats.remote_errors import explain
 
 
 def join(base: str, name: str) -> str:
@@ -37,6 +39,24 @@ def local_work_root(out: str) -> str:
 def exists(url: str) -> bool:
     fs, path = fsspec.core.url_to_fs(url)
     return bool(fs.exists(path))
+
+
+def check_reachable(out: str) -> None:
+    """One request to the object store before anything starts: an unreachable endpoint, missing or refused
+    credentials, or a bucket that does not exist is one line naming `out` (not a traceback from a worker's
+    first upload)."""
+    fs, path = fsspec.core.url_to_fs(out)
+    bucket = path.split("/", 1)[0]
+    try:
+        fs.info(bucket)  # one request (`exists` answers False for every failure)
+    except FileNotFoundError:
+        raise ConfigError(f"{out}: the bucket {bucket!r} does not exist; create it, or write elsewhere with "
+                          f"another -o") from None
+    except Exception as e:  # noqa: BLE001  (each backend raises its own types)
+        known = explain(out, e)
+        if isinstance(known, (CredentialsError, UnreachableError)):
+            raise known from cause(e)
+        # anything else (a key allowed to write but not to look at the bucket) is for the uploads to say
 
 
 def final_name(scratch_name: str, split: str) -> str:

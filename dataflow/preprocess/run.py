@@ -28,11 +28,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 from dataflow import locks
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError, DataflowError, cause
+from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import (DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size,
                                      shard_extension)
-from dataflow.preprocess import startup
+from dataflow.preprocess import output, startup
 from dataflow.preprocess.commit import Committer
 from dataflow.preprocess.executors import Executor, check_executor, make_executor
 from dataflow.preprocess.finish import copy_tokenizer, finished_counts, write_manifests
@@ -91,7 +92,9 @@ class TokenizeConfig:
         check_executor(self.executor)
         if not 0 <= self.val_fraction < 1:
             raise ConfigError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
-        if self.num_tasks < 1 or not 0 <= self.task_index < self.num_tasks:
+        if self.num_tasks < 1:
+            raise ConfigError(f"--num-tasks must be 1 or more (the number of task slices), got {self.num_tasks}")
+        if not 0 <= self.task_index < self.num_tasks:
             raise ConfigError(f"--task-index {self.task_index} must lie in [0, --num-tasks {self.num_tasks})")
         if self.max_errors < 0:
             raise ConfigError("--max-errors must be >= 0")
@@ -143,6 +146,8 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     files = expand_inputs(cfg.inputs)
     layout = Layout(cfg)
     workers = worker_count(cfg.workers)
+    if layout.remote:
+        output.check_reachable(cfg.out)
     try:
         with _one_run_at_a_time(cfg, layout):
             if cfg.overwrite:
@@ -155,7 +160,20 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and str(e.filename or "").startswith(cfg.out):
             raise ConfigError(f"{cfg.out}: cannot write there ({e.strerror}); choose another -o or fix its "
                               f"permissions") from None
+        _raise_storage_error(cfg, layout, e)
         raise
+    except DataflowError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        _raise_storage_error(cfg, layout, e)
+        raise
+
+
+def _raise_storage_error(cfg: TokenizeConfig, layout: Layout, e: BaseException) -> None:
+    """What an object store said mid-run (credentials that expired, an endpoint gone), as one line."""
+    known = explain(cfg.out, e) if layout.remote else None
+    if known is not None:
+        raise known from cause(e)
 
 
 @contextlib.contextmanager
