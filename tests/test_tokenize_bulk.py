@@ -55,7 +55,9 @@ def expected(lines: list[bytes], name: str) -> tuple[list[dict], list[int]]:
         if not isinstance(text, str):
             bad.append(n)
             continue
-        docs.append({"id": str(obj["id"]) if obj.get("id") is not None else f"{name}@{at}", "text": text})
+        doc_id = obj.get("id")  # a non-string id is named by its JSON text (true, 2.5, {"k": "v"})
+        docs.append({"id": f"{name}@{at}" if doc_id is None else doc_id if isinstance(doc_id, str)
+                     else json.dumps(doc_id, ensure_ascii=False), "text": text})
     return docs, bad
 
 

@@ -222,8 +222,8 @@ def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> R
         return Record(index, None, None, "JSON nested too deeply to parse")
     if not isinstance(obj, dict):
         return Record(index, None, None, "not a JSON object")
-    doc_id = obj.get(id_field)
-    doc_id = None if doc_id is None else str(doc_id)
+    doc_id = obj.get(id_field)  # a number, true/false, an object: the id is its JSON text, as written
+    doc_id = None if doc_id is None else doc_id if isinstance(doc_id, str) else json.dumps(doc_id, ensure_ascii=False)
     text = obj.get(text_field)
     if text is None:
         return Record(index, doc_id, None, f"missing field {text_field!r}")
