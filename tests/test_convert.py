@@ -71,8 +71,35 @@ def test_an_empty_output_folder_is_no_obstacle_and_a_file_needs_overwrite(tmp_pa
     args = ["--from", "nanogpt", str(tmp_path / "f.bin"), "--tokenizer", "bytes", "-o"]
     assert convert(capsys, *args, str(tmp_path / "empty"))[0] == 0
     assert read_manifest(str(tmp_path / "empty")).documents == 1
-    code, _, err = convert(capsys, *args, str(tmp_path / "f.bin"))
+    (tmp_path / "other").write_text("not a dataset")
+    code, _, err = convert(capsys, *args, str(tmp_path / "other"))
     one_line_error(err, code, 2, "exists", "--overwrite")
+
+
+@pytest.mark.parametrize("out", ["in.bin", ".", "ds", "ds/shard-00000.arrow"])
+def test_an_output_that_is_holds_or_lies_in_an_input_is_refused_even_with_overwrite(tmp_path, capsys, out):
+    # --overwrite once replaced the input itself (a folder holding the .bin, the dataset's own shard)
+    np.array([1, 256, 2, 256], dtype=np.uint16).tofile(tmp_path / "in.bin")
+    assert convert(capsys, "--from", "nanogpt", str(tmp_path / "in.bin"), "--tokenizer", "bytes", "-o",
+                   str(tmp_path / "ds"))[0] == 0
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    if out.startswith("ds"):
+        args = ["--to", "nanogpt", str(tmp_path / "ds")]
+    else:
+        args = ["--from", "nanogpt", str(tmp_path / "in.bin"), "--tokenizer", "bytes"]
+    code, _, err = convert(capsys, *args, "-o", str(tmp_path / out), "--overwrite")
+    one_line_error(err, code, 2, "is, holds or lies inside the input", "write elsewhere")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+def test_overwrite_replaces_a_dataset_not_a_folder_of_other_files(tmp_path, capsys):
+    np.array([1, 256], dtype=np.uint16).tofile(tmp_path / "f.bin")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    code, _, err = convert(capsys, "--from", "nanogpt", str(tmp_path / "f.bin"), "--tokenizer", "bytes", "-o",
+                           str(tmp_path / "notes"), "--overwrite")
+    one_line_error(err, code, 2, "a folder that holds no dataset", "new or empty folder")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
 
 
 def _peak_above_baseline(fn) -> float:

@@ -147,6 +147,28 @@ def test_real_no_eos_tokenize_output_and_a_writer_dataset_without_separators(tmp
     assert not (tmp_path / "w.bin").exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 
 
+def test_datasets_tokenized_with_and_without_eos_are_not_mixed(tmp_path, capsys):
+    # --eos-id once went after every document of both: the EOS-ended ones got two (an empty document each)
+    code, _, err = convert(capsys, "--to", "nanogpt", kjv_gpt2(), kjv_gpt2(eos=False), "-o", str(tmp_path / "m.bin"),
+                           "--eos-id", "50256")
+    one_line_error(err, code, 2, "tokenized differently", "with --no-eos", "convert them separately")
+    assert not (tmp_path / "m.bin").exists()
+
+
+def test_a_file_named_uint32_is_written_as_uint32_as_it_is_read_back(tmp_path, capsys):
+    with ShardWriter(str(tmp_path / "w"), tokenizer_meta=TokenizerMeta("bytes", "bytes", 257, 256)) as w:
+        for doc in ([10, 0, 11, 0, 256], [0, 12, 0, 256], [0]):
+            w.write(doc)
+    out = str(tmp_path / "t.uint32.bin")
+    assert convert(capsys, "--to", "nanogpt", str(tmp_path / "w"), "-o", out)[0] == 0
+    assert os.path.getsize(out) == 10 * 4
+    assert convert(capsys, "--from", "nanogpt", out, "--tokenizer", "bytes", "-o", str(tmp_path / "back"))[0] == 0
+    assert [t.tolist() for _, t in documents(str(tmp_path / "back"))] == [[10, 0, 11, 0, 256], [0, 12, 0, 256], [0]]
+    code, _, err = convert(capsys, "--to", "nanogpt", str(tmp_path / "w"), "-o", str(tmp_path / "u.uint32.bin"),
+                           "--dtype", "uint16")
+    one_line_error(err, code, 2, "says uint32")
+
+
 def _append(path: str, data: bytes) -> None:
     with open(path, "ab") as f:
         f.write(data)

@@ -7,6 +7,8 @@ until the command runs. Errors are `DataflowError`s: the `dataflow` command prin
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from typing import Any
 
@@ -98,17 +100,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     _check_flags(args)
     bar = _Bar(not args.no_progress)
     try:
-        if args.src:
-            options = run.WriteOptions(args.format, args.compression, args.shard_size, args.overwrite)
-            if args.src == "megatron":
-                summary = run.from_megatron(args.inputs, args.out, args.tokenizer, options, bar)
-            else:
-                summary = run.from_nanogpt(args.inputs, args.out, args.tokenizer, options, bar,
-                                           args.dtype, args.eos_id)
-        elif args.dst == "megatron":
-            summary = run.to_megatron(args.inputs, args.out, args.overwrite, bar)
-        else:
-            summary = run.to_nanogpt(args.inputs, args.out, args.overwrite, bar, args.dtype, args.eos_id)
+        summary = _convert(args, run, bar)
+    except OSError as e:  # -o under a file, in /proc, a folder where a file goes: say so, no traceback
+        if e.errno in (errno.ENOSPC, errno.EDQUOT) or not _about_output(e, args.out):
+            raise
+        raise ConfigError(f"-o {args.out}: cannot write there ({e.strerror}); choose another path") from None
     finally:
         bar.close()
     where = (f"{summary.shards} shard{'' if summary.shards == 1 else 's'} in {args.out}" if args.src
@@ -118,3 +114,30 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for note in summary.notes:
         print(f"  {note}")
     return 0
+
+
+def _about_output(e: OSError, out: str) -> bool:
+    """Whether `e` names the output: `out` itself, something under it, a folder above it, or a temp file the
+    atomic write made beside it (`.NAME.*`); an input's error stays the input's."""
+    target = os.path.abspath(out)
+    for f in (e.filename, e.filename2):
+        if not f:
+            continue
+        path = os.path.abspath(os.fsdecode(f))
+        beside = os.path.dirname(path) == os.path.dirname(target) and \
+            os.path.basename(path).startswith("." + os.path.basename(target) + ".")
+        if path == target or path.startswith(target + os.sep) or target.startswith(path + os.sep) or beside:
+            return True
+    return False
+
+
+def _convert(args: argparse.Namespace, run: Any, bar: _Bar) -> Any:
+    """The conversion the flags ask for: its summary."""
+    if args.src:
+        options = run.WriteOptions(args.format, args.compression, args.shard_size, args.overwrite)
+        if args.src == "megatron":
+            return run.from_megatron(args.inputs, args.out, args.tokenizer, options, bar)
+        return run.from_nanogpt(args.inputs, args.out, args.tokenizer, options, bar, args.dtype, args.eos_id)
+    if args.dst == "megatron":
+        return run.to_megatron(args.inputs, args.out, args.overwrite, bar)
+    return run.to_nanogpt(args.inputs, args.out, args.overwrite, bar, args.dtype, args.eos_id)

@@ -51,11 +51,27 @@ def refuse_existing(paths: list[str], overwrite: bool) -> None:
             raise ConfigError(f"{p} exists; pass --overwrite to replace it, or write elsewhere")
 
 
+def refuse_overlap(inputs: list[str], outputs: list[str]) -> None:
+    """No output may be an input, lie inside an input folder, or hold an input (replacing it would destroy
+    what is being read, --overwrite or not)."""
+    for out in outputs:
+        o = os.path.realpath(out)
+        for src in inputs:
+            i = os.path.realpath(src)
+            if os.path.commonpath([i, o]) in (i, o):
+                raise ConfigError(f"-o {out}: is, holds or lies inside the input {src}; write elsewhere")
+
+
 @contextlib.contextmanager
 def dataset_output(out: str, overwrite: bool) -> Iterator[str]:
     """A temp folder beside `out` to write the dataset into; renamed over `out` when the `with` body succeeds,
     removed when it fails: `out` holds the old dataset or the whole new one, never part of one."""
     refuse_existing([out], overwrite)
+    if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, MANIFEST_NAME)):
+        raise ConfigError(f"-o {out}: a folder that holds no dataset; --overwrite replaces a dataset, not other "
+                          f"files: pass a new or empty folder")
+    if os.path.exists(out) and not os.path.isdir(out) and not overwrite:
+        raise ConfigError(f"{out} exists; pass --overwrite to replace it, or write elsewhere")
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="." + os.path.basename(os.path.abspath(out)) + ".", suffix=".tmp", dir=parent)
@@ -116,7 +132,11 @@ def open_datasets(paths: list[str]) -> Datasets:
                               f"{paths[0]}'s {first.name} ({first.vocab_size}, {first.eos_id}); convert them "
                               f"separately")
     flags = {_eos_setting(m) for m in manifests}
-    return Datasets(folders, manifests, first, flags.pop() if len(flags) == 1 else None)
+    if len(flags) > 1:  # --eos-id would double the EOS of some documents; without it others run together
+        said = {True: "with EOS after each document", False: "with --no-eos", None: "without saying which"}
+        kinds = "; ".join(f"{p}: {said[_eos_setting(m)]}" for p, m in zip(paths, manifests))
+        raise ConfigError(f"the datasets were tokenized differently ({kinds}); convert them separately")
+    return Datasets(folders, manifests, first, flags.pop())
 
 
 def _eos_setting(m: Manifest) -> bool | None:

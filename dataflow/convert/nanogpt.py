@@ -33,6 +33,12 @@ def output_dtype(path: str, vocab_size: int, dtype: str | None) -> np.dtype:
     """uint16, as train.py reads; uint32 only when asked for and named for (a vocabulary above uint16)."""
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype}: nanoGPT files hold {' or '.join(DTYPES)} tokens")
+    named_uint32 = "uint32" in os.path.basename(path)
+    if dtype == "uint16" and named_uint32:
+        raise ConfigError(f"{path}: a name that says uint32 is read back as uint32 tokens; drop --dtype uint16, "
+                          f"or name the file without uint32")
+    if dtype is None and named_uint32:  # as `file_dtype` will read it back
+        dtype = "uint32"
     if dtype == "uint32":
         if "uint32" not in os.path.basename(path):
             raise ConfigError(f"{path}: a uint32 file must say so in its name (e.g. train.uint32.bin): nanoGPT's "

@@ -15,6 +15,7 @@ import numpy as np
 
 from dataflow.convert import megatron, nanogpt
 from dataflow.convert.common import (
+    refuse_overlap,
     BATCH_TOKENS,
     check_ids,
     dataset_batches,
@@ -68,6 +69,7 @@ def _write_dataset(kind: str, sources: list[str], batches: Callable[[str, Tokeni
     """Write the documents of `sources` (in order; ids SOURCE:index) as one dataset at `out`."""
     import dataflow
 
+    refuse_overlap([p for source in sources for p in _files_of(kind, source)], [out])
     with dataset_output(out, options.overwrite) as tmp:
         meta = tokenizer_meta(spec, tmp)
         progress.start(total)
@@ -82,6 +84,11 @@ def _write_dataset(kind: str, sources: list[str], batches: Callable[[str, Tokeni
                     progress.update(len(tokens))
         m = w.manifest()
     return Summary(m.documents, m.tokens, [out], len(m.shards), m.dtype)
+
+
+def _files_of(kind: str, source: str) -> list[str]:
+    """The files an input names: a Megatron prefix's .bin and .idx, or the nanoGPT file itself."""
+    return list(megatron.paths(source)) if kind == "megatron" else [source]
 
 
 def _ids(source: str, first: int, count: int) -> DocIds:
@@ -112,6 +119,9 @@ def from_nanogpt(files: list[str], out: str, spec: str, options: WriteOptions, p
         eos = meta.eos_id if eos_id is None else eos_id
         if not 0 <= eos < meta.vocab_size:
             raise ConfigError(f"--eos-id {eos} is not an id of the tokenizer (vocabulary {meta.vocab_size})")
+        if eos > np.iinfo(dtypes[f]).max:  # no token of the file can be it: one document, silently
+            raise ConfigError(f"{f}: EOS {eos} does not fit its {dtypes[f].name} tokens, so no document would "
+                              f"end; pass --eos-id with the id the file ends documents with, or --dtype uint32")
         return nanogpt.document_batches(f, dtypes[f], eos)
 
     return _write_dataset("nanogpt", files, batches, out, spec, options, progress,
@@ -124,6 +134,7 @@ def to_megatron(datasets: list[str], prefix: str, overwrite: bool, progress: Pro
     ds = open_datasets(datasets)
     prefix = megatron.strip_suffix(prefix)
     dtype = megatron.output_dtype(ds.tokenizer.vocab_size)
+    refuse_overlap(ds.paths, list(megatron.paths(prefix)))
     refuse_existing(list(megatron.paths(prefix)), overwrite)
     progress.start(ds.tokens)
     writer = megatron.MegatronWriter(prefix, dtype, ds.documents)
@@ -152,6 +163,7 @@ def to_nanogpt(datasets: list[str], path: str, overwrite: bool, progress: Progre
             raise ConfigError(f"the documents of {datasets[0]} already end with EOS {eos}; drop --eos-id")
         if not 0 <= eos_id < min(ds.tokenizer.vocab_size, np.iinfo(out_dtype).max + 1):
             raise ConfigError(f"--eos-id {eos_id} is not an id of the tokenizer (vocabulary {ds.tokenizer.vocab_size})")
+    refuse_overlap(ds.paths, [path])
     refuse_existing([path], overwrite)
     progress.start(ds.tokens)
     tokens_out = 0
