@@ -138,3 +138,64 @@ def test_the_step_estimate_warns_far_beyond_the_machine_and_is_quiet_for_the_dem
         estimate.warn_if_out_of_reach(cfg, torch.device("cpu"), 1, gpt, seq_len * batch, said.append)
         assert bool(said) is warned, (seq_len, said)
     assert "minutes" in said[0] and "data.seq_len (100000)" in said[0]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, kjv):
+    from dataflow.preprocess.run import TokenizeConfig, tokenize
+
+    data = tmp_path_factory.mktemp("tiny") / "data"
+    tokenize(TokenizeConfig(inputs=[str(kjv)], out=str(data), shard_size="1MB", workers=1, progress=False))
+    return [f"data.path={data}", "data.seq_len=32", "data.batch_size=4", "data.num_workers=0", "model.n_layer=1",
+            "model.n_head=2", "model.d_model=32", "train.steps=4", "train.warmup_steps=1", "log.jsonl="]
+
+
+@pytest.mark.parametrize("setting,said", [
+    ("checkpoint.dir={file}/ck", "checkpoint.dir = '{file}/ck': cannot write checkpoints there"),
+    ("log.jsonl={file}/m.jsonl", "log.jsonl = '{file}/m.jsonl': cannot write there"),
+    ("train.beta2=1.5", "train.beta2 must be in [0, 1)"), ("train.eps=-1", "train.eps must be positive"),
+    ("model.d_model=1000000", "does not fit in the memory of cpu")])
+def test_a_setting_that_cannot_work_is_one_line_before_any_step(tmp_path, tiny, setting, said):
+    # a checkpoint.dir under a file once failed at the first save, after the steps before it had run
+    from dataflow.errors import ConfigError
+
+    (tmp_path / "f").write_text("a file")
+    sets = tiny + [setting.format(file=tmp_path / "f"), "log.tensorboard="]
+    if "d_model" in setting:
+        sets += ["model.n_layer=100", "model.n_head=2"]
+    with pytest.raises(ConfigError) as e:
+        train(load_config("demo", sets))
+    assert said.format(file=tmp_path / "f") in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_damaged_checkpoint_is_one_line_naming_the_one_before(tmp_path, tiny):
+    from dataflow.errors import FormatError
+
+    sets = tiny + [f"checkpoint.dir={tmp_path / 'ck'}", "checkpoint.every=2", "checkpoint.keep=2"]
+    assert train(load_config("demo", sets))["step"] == 4
+    newest = tmp_path / "ck" / "step-000004"
+    data = next(p for p in newest.iterdir() if p.suffix == ".distcp")
+    os.truncate(data, data.stat().st_size // 2)
+    with pytest.raises(FormatError, match=r"step-000004: its tensors cannot be read .* the checkpoint is damaged: set "
+                                          r"checkpoint.resume = \".*step-000002\" to start from the one before"):
+        train(load_config("demo", sets + ["train.steps=6"]))
+
+
+def test_a_loss_that_stays_at_a_new_level_stops_being_a_spike():
+    # the running average only learnt from non-spike steps: a lasting rise (new data) was a spike for ever
+    from types import SimpleNamespace
+
+    from trainer.loop import SPIKE_PATIENCE, Counters, StepResult, guard, is_spike
+
+    events = []
+    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(spike_factor=3.0, spike_rollback=False,
+                                                                    max_bad_steps=10)),
+                          counters=Counters(), step=0, rolled_back_to=None, spikes_in_row=0,
+                          log=SimpleNamespace(event=lambda step, kind, text, **_: events.append((step, kind))))
+    for step, loss in enumerate([1.0] * 10 + [5.0] * 60):
+        run.step = step
+        spike = is_spike(loss, run.counters.loss_ema, 3.0)
+        guard(run, StepResult(1e-3, loss, 1.0, True, spike, None, 0.0))
+    spikes = [s for s, kind in events if kind == "spike"]
+    assert sorted(set(spikes)) == list(range(10, 10 + SPIKE_PATIENCE))  # the last also takes 5.0 as the new level
+    assert run.counters.loss_ema == pytest.approx(5.0)

@@ -20,6 +20,7 @@ import pickle
 import random
 import re
 import shutil
+import tempfile
 import warnings
 from typing import Any, Iterator
 
@@ -181,6 +182,14 @@ class Checkpointer:
 
     def __init__(self, root: str, keep: int, d: Dist):
         self.root, self.keep, self.d = root, keep, d
+        if root and d.is_main:  # said now, not at the first save after hours of training
+            try:
+                os.makedirs(root, exist_ok=True)
+                probe = tempfile.NamedTemporaryFile(dir=root, prefix=".write-check-")
+                probe.close()
+            except OSError as e:
+                raise ConfigError(f"checkpoint.dir = {root!r}: cannot write checkpoints there ({e.strerror or e}); "
+                                  f"choose another folder") from None
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> str:
         """Write checkpoint `step` atomically (all ranks call this); returns its folder."""
@@ -237,9 +246,19 @@ class Checkpointer:
         SafeReader(path).read_metadata()  # its one-line FormatError, before DCP wraps it in its own exception
         model_sd, optim_sd = get_state_dict(model, optimizer)
         target = {"model": model_sd, "optim": optim_sd}
-        with _quiet():
-            dcp.load(target, checkpoint_id=path, storage_reader=SafeReader(path), planner=SafePlanner(),
-                     no_dist=d.world_size == 1)
+        try:
+            with _quiet():
+                dcp.load(target, checkpoint_id=path, storage_reader=SafeReader(path), planner=SafePlanner(),
+                         no_dist=d.world_size == 1)
+        except (FormatError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001  (DCP's CheckpointException, a BaseException, wraps each rank's)
+            said = [line for line in str(e).strip().splitlines() if line and not line.startswith((" ", "Traceback"))]
+            first = (said[-1] if said else type(e).__name__)[:200]
+            older = [p for _, p in complete_checkpoints(os.path.dirname(path)) if p != path]
+            hint = f'set checkpoint.resume = "{older[-1]}"' if older else 'set checkpoint.resume = "none"'
+            raise FormatError(f"{path}: its tensors cannot be read ({first}); the checkpoint is "
+                              f"damaged: {hint} to start from {'the one before' if older else 'scratch'}") from None
         set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
         rng_file = os.path.join(path, f"rng-rank{d.rank:05d}.json")
         if state.get("world_size") == d.world_size and os.path.isfile(rng_file):

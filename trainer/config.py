@@ -172,6 +172,11 @@ def validate(cfg: Config) -> None:
                           f"heads of even size (RoPE rotates pairs)")
     if not 0 <= cfg.model.dropout < 1:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg.train, key) < 1:
+            raise ConfigError(f"train.{key} must be in [0, 1) (AdamW's moment decay), got {getattr(cfg.train, key)}")
+    if not cfg.train.eps > 0:
+        raise ConfigError(f"train.eps must be positive (AdamW's denominator term), got {cfg.train.eps}")
     if cfg.train.min_lr > cfg.train.lr:
         raise ConfigError(f"train.min_lr ({cfg.train.min_lr}) is above train.lr ({cfg.train.lr})")
     if not cfg.data.path:

@@ -29,6 +29,7 @@ from trainer.parallelize import Dist, grad_sync, init_distributed, parallelize, 
 from trainer.signals import StopFlag
 
 EMA_BETA = 0.9  # running loss average for spike detection
+SPIKE_PATIENCE = 20  # spikes in a row after which the loss is taken to have moved for good (new data, say)
 
 
 def seed_everything(seed: int) -> None:
@@ -65,6 +66,17 @@ def build_model(cfg: Config, d: Dist, vocab_size: int) -> tuple[torch.nn.Module,
     """The parallel model and the GPT inside it. Sharded runs build on `meta` and materialise only shards."""
     with torch.device("meta"):
         gpt = GPT(cfg.model, vocab_size, cfg.data.seq_len)
+    try:
+        return _materialise(gpt, cfg, d)
+    except (RuntimeError, MemoryError) as e:  # the allocator's own words: "can't allocate memory", CUDA OOM
+        if not isinstance(e, MemoryError) and "alloc" not in str(e).lower() and "out of memory" not in str(e):
+            raise
+        raise ConfigError(f"the model ({gpt.num_params() / 1e6:,.0f}M parameters) does not fit in the memory of "
+                          f"{d.device}; make it smaller (model.d_model, model.n_layer) or shard it "
+                          f"(train.parallel = \"fsdp\" over more processes)") from None
+
+
+def _materialise(gpt: GPT, cfg: Config, d: Dist) -> tuple[torch.nn.Module, GPT]:
     if d.world_size > 1 and cfg.train.parallel in ("fsdp", "hsdp"):
         model = parallelize(gpt, cfg, d)
         gpt.to_empty(device=d.device)
@@ -181,6 +193,7 @@ class Run:
     last_saved: int = -1
     rolled_back_to: str | None = None
     resume_path: str | None = None
+    spikes_in_row: int = 0  # spike steps in a row: SPIKE_PATIENCE of them make the loss's new level the average
 
 
 @dataclass
@@ -297,6 +310,11 @@ def train_step(run: Run, batches: Iterator[Any], mon: Any, stop: StopFlag) -> St
     return result
 
 
+def is_spike(loss: float, ema: float | None, factor: float) -> bool:
+    """A loss above `factor` x its running average (`factor` 0: never)."""
+    return factor > 0 and ema is not None and loss > factor * ema
+
+
 def apply_step(run: Run, loss_sum: torch.Tensor, stop: StopFlag, lr: float) -> StepResult:
     """The one host sync of the step: global loss, grad norm and stop votes, equal on every rank; then
     the optimizer steps unless the step is non-finite or a spike to roll back from."""
@@ -306,8 +324,7 @@ def apply_step(run: Run, loss_sum: torch.Tensor, stop: StopFlag, lr: float) -> S
     loss, stop_votes = stats[0].item() / d.world_size, stats[1].item()
     gnorm = float(grad_norm)
     finite = math.isfinite(loss) and math.isfinite(gnorm)
-    ema = run.counters.loss_ema
-    spike = finite and t.spike_factor > 0 and ema is not None and loss > t.spike_factor * ema
+    spike = finite and is_spike(loss, run.counters.loss_ema, t.spike_factor)
     target = rollback_target(run) if spike and t.spike_rollback else None
     if finite and target is None:
         run.optimizer.step()
@@ -329,6 +346,7 @@ def guard(run: Run, r: StepResult) -> bool:
                                   f"an earlier checkpoint")
         return False
     c.bad_in_row = 0
+    run.spikes_in_row = run.spikes_in_row + 1 if r.spike else 0
     if r.spike:
         log.event(run.step, "spike", f"loss {r.loss:.4f} is above {t.spike_factor:g} x its running "
                   f"average {c.loss_ema:.4f}" + ("; rolling back" if r.rollback_to else ""))
@@ -340,7 +358,11 @@ def guard(run: Run, r: StepResult) -> bool:
         # the loader is not rewound: the batches that caused the spike are skipped
         log.event(run.step, "rollback", f"rolled back to {run.rolled_back_to}; the data stream goes on")
         return True
-    if not r.spike:
+    if r.spike and run.spikes_in_row >= SPIKE_PATIENCE:  # not a spike but a new level: the average follows it
+        log.event(run.step, "spike", f"the loss stayed above {t.spike_factor:g} x its running average for "
+                  f"{run.spikes_in_row} steps: {r.loss:.4f} is taken as its new level")
+        c.loss_ema, run.spikes_in_row = r.loss, 0
+    elif not r.spike:
         c.loss_ema = r.loss if c.loss_ema is None else EMA_BETA * c.loss_ema + (1 - EMA_BETA) * r.loss
     return False
 

@@ -15,6 +15,8 @@ from typing import Any, TextIO
 
 import torch
 
+from dataflow.errors import ConfigError
+
 # dense bf16 tensor-core peak FLOP/s per GPU, matched against torch.cuda.get_device_name()
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "B200": 2.25e15, "B300": 2.25e15}
 
@@ -48,8 +50,12 @@ class MetricsLogger:
         if not enabled:
             return
         if jsonl:
-            os.makedirs(os.path.dirname(os.path.abspath(jsonl)), exist_ok=True)
-            self.file = open(jsonl, "a", buffering=1)
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(jsonl)), exist_ok=True)
+                self.file = open(jsonl, "a", buffering=1)
+            except OSError as e:
+                raise ConfigError(f"log.jsonl = {jsonl!r}: cannot write there ({e.strerror or e}); choose another "
+                                  f"file") from None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
