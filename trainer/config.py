@@ -51,7 +51,9 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     steps: int = 1000
-    grad_accum: int = 1
+    grad_accum: int = 1  # micro-batches per step: a step is the mean over batch_size x grad_accum samples, the
+    # same samples as batch_size x grad_accum in one batch except at an epoch's end (each micro-batch is a batch of
+    # the loader, and the loader drops the epoch's partial last batch of batch_size)
     lr: float = 6e-4
     min_lr: float = 6e-5
     warmup_steps: int = 100
