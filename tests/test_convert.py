@@ -172,3 +172,25 @@ def test_progress_on_stderr_and_a_mistake_is_its_line_alone(tmp_path, capsys):
                  "--tokenizer", "bytes"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dataflow convert: error: ") and "--overwrite" in err
+
+
+def test_an_input_named_twice_in_any_spelling_is_refused(tmp_path, capsys):
+    # `p` and `p.idx` (one Megatron prefix), or `ds` and `ds/`, once converted the same documents twice
+    np.array([1, 256, 2, 256], dtype=np.uint16).tofile(tmp_path / "f.bin")
+    assert convert(capsys, "--from", "nanogpt", str(tmp_path / "f.bin"), "--tokenizer", "bytes", "-o",
+                   str(tmp_path / "ds"))[0] == 0
+    assert convert(capsys, "--to", "megatron", str(tmp_path / "ds"), "-o", str(tmp_path / "m"))[0] == 0
+    for argv in (["--to", "nanogpt", str(tmp_path / "ds"), str(tmp_path / "ds") + "/"],
+                 ["--from", "megatron", str(tmp_path / "m"), str(tmp_path / "m.idx"), "--tokenizer", "bytes"],
+                 ["--from", "nanogpt", str(tmp_path / "f.bin"), str(tmp_path / "." / "f.bin"), "--tokenizer", "bytes"]):
+        code, _, err = convert(capsys, *argv, "-o", str(tmp_path / "out.bin"))
+        one_line_error(err, code, 2, "the same input as", "name each input once")
+
+
+def test_to_megatron_takes_a_prefix_not_a_folder(tmp_path, capsys):
+    np.array([1, 256], dtype=np.uint16).tofile(tmp_path / "f.bin")
+    assert convert(capsys, "--from", "nanogpt", str(tmp_path / "f.bin"), "--tokenizer", "bytes", "-o",
+                   str(tmp_path / "ds"))[0] == 0
+    code, _, err = convert(capsys, "--to", "megatron", str(tmp_path / "ds"), "-o", str(tmp_path) + "/")
+    one_line_error(err, code, 2, "takes a prefix", "not a folder")
+    assert not (tmp_path / ".bin").exists()

@@ -70,8 +70,27 @@ def _check_flags(args: argparse.Namespace) -> None:
                           "document boundaries")
     if args.dst and (args.format, args.compression, args.shard_size) != ("arrow", "zstd", "128MB"):
         raise ConfigError("--format, --compression and --shard-size apply to --from (the dataset written)")
-    if args.dst and len(set(args.inputs)) != len(args.inputs):
-        raise ConfigError("the same dataset is named twice; name each once")
+    named = [_input_identity(kind if args.src else "dataset", x) for x in args.inputs]
+    for k, identity in enumerate(named):
+        if identity in named[:k]:  # its documents would be converted twice
+            first = args.inputs[named.index(identity)]
+            raise ConfigError(f"{args.inputs[k]}: the same input as {first}; name each input once")
+    if args.dst == "megatron" and (args.out.endswith(("/", os.sep)) or os.path.isdir(args.out)):
+        raise ConfigError(f"-o {args.out}: --to megatron takes a prefix (PREFIX.bin and PREFIX.idx are written), "
+                          f"not a folder; e.g. -o {os.path.join(args.out, 'data_text_document')}")
+
+
+def _input_identity(kind: str, path: str) -> str:
+    """What an input names, whatever its spelling: a dataset's folder, a Megatron prefix, a nanoGPT file."""
+    if "://" in path:
+        return path.rstrip("/")
+    if kind == "megatron":
+        from dataflow.convert.megatron import strip_suffix
+
+        path = strip_suffix(path)
+    elif kind == "dataset" and os.path.basename(path) == "index.json":
+        path = os.path.dirname(path) or "."
+    return os.path.realpath(path)
 
 
 class _Bar:
