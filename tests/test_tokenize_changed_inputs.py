@@ -85,3 +85,13 @@ def test_adding_or_dropping_the_val_split_is_refused_and_overwrite_leaves_nothin
     tokenize(src, "-o", out, *ARGS, *then, "--overwrite", check=True)
     tokenize(src, "-o", tmp_path / "ref", *ARGS, *then, check=True)
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
+
+
+def test_a_single_run_into_a_folder_of_task_slices_is_refused(folder, tmp_path):
+    # a later `merge` would list the slices in the index.json this run writes, over it
+    src, _ = folder
+    out = tmp_path / "out"
+    tokenize(src, "-o", out, *ARGS, "--num-tasks", "2", "--task-index", "0", check=True)
+    p = tokenize(src, "-o", out, *ARGS)
+    assert p.returncode == 2 and f"{out} holds the task slices of a --num-tasks run (part-00000)" in p.stderr, p.stderr
+    tokenize(src, "-o", out, *ARGS, "--num-tasks", "2", "--task-index", "1", check=True)  # the slices go on

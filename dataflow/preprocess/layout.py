@@ -47,6 +47,16 @@ class Layout:
         dirs = [self.out, output.join(self.out, "train"), output.join(self.out, "val")]
         return [output.join(d, self.part) for d in dirs] if self.part else dirs
 
+    def task_parts(self) -> list[str]:
+        """The `part-*` folders of task slices under OUT (or its split folders), as OUT-relative paths."""
+        found = []
+        for split in ("", "train", "val"):
+            folder = os.path.join(self.out, split)
+            if os.path.isdir(folder):
+                found += sorted(os.path.join(split, n) for n in os.listdir(folder)
+                                if n.startswith("part-") and os.path.isdir(os.path.join(folder, n)))
+        return found
+
     def manifests_either_layout(self) -> list[str]:
         return [output.join(d, MANIFEST_NAME) for d in self.writer_dirs_either_layout()]
 

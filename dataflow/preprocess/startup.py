@@ -122,6 +122,11 @@ def refuse_other_work(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journ
     for manifest in layout.manifests_either_layout():
         if layout.exists(manifest):
             refuse_if_different(cfg, plan, read_manifest(manifest).provenance.get("settings"), cfg.out)
+    parts = layout.task_parts() if not layout.tasked and not layout.remote else []
+    if parts:  # a later `merge` would list those parts in the index.json this run writes, over it
+        raise ConfigError(f"{cfg.out} holds the task slices of a --num-tasks run ({', '.join(parts[:2])}"
+                          f"{', ...' if len(parts) > 2 else ''}); run `dataflow merge {cfg.out}` on them, or write "
+                          f"this run elsewhere")
 
 
 def check_fields(units: list[Unit], text_field: str, id_field: str) -> None:
