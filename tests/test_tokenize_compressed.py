@@ -38,6 +38,7 @@ def same_data(out) -> dict[str, bytes]:
     files = dataset_bytes(out)
     manifest = json.loads(files["index.json"])
     manifest["provenance"].pop("inputs")
+    manifest["provenance"].pop("input_files")
     manifest["provenance"]["settings"].pop("inputs")
     files["index.json"] = json.dumps(manifest, sort_keys=True).encode()
     return files

@@ -40,8 +40,8 @@ def copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
 def write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, metas: dict[str, TokenizerMeta],
                     files: list[str], plan: TaskPlan) -> dict[str, dict[str, int]]:
     """Every split's manifest over the shards the journal lists; then the work folder goes."""
-    provenance: dict[str, Any] = {"inputs": files, "settings": cfg.output_settings(plan.inputs),
-                                  "dataflow": dataflow.__version__,
+    provenance: dict[str, Any] = {"inputs": files, "input_files": plan.inputs,  # [name in ids, bytes] each
+                                  "settings": cfg.output_settings(plan.inputs), "dataflow": dataflow.__version__,
                                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if layout.tasked:
         provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "bundles": list(plan.task_bundles)}

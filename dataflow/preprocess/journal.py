@@ -9,6 +9,7 @@ to an uninterrupted run. The journal's size grows with the shards, not the token
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,7 @@ from dataflow.errors import ConfigError
 from dataflow.formats.atomic import write_json_atomic
 
 JOURNAL_NAME = "journal.json"
+INPUTS_NAME = "inputs.json"
 # 2: spills hold blocks of documents; 3: written record batches stay in the shard's temp file;
 # 4: workers write whole shards, the journal lists them (no open shard, no spill)
 JOURNAL_VERSION = 4
@@ -74,6 +76,29 @@ def load_progress(work_dir: str) -> Progress | None:
     if not isinstance(progress.shards, dict) or not all(isinstance(v, list) for v in progress.shards.values()):
         raise ConfigError(damaged.format("a shard list that is not one"))
     return progress
+
+
+def save_inputs(work_dir: str, inputs: list[list[Any]]) -> None:
+    """The run's input files ([name in ids, bytes] each) beside the journal, written when a run starts or
+    resumes: the journal, saved every second, carries only their digest (`input_digest`)."""
+    write_json_atomic(os.path.join(work_dir, INPUTS_NAME), inputs)
+
+
+def load_inputs(work_dir: str) -> list[Any] | None:
+    """What `save_inputs` wrote, or None when it is missing or unreadable."""
+    try:
+        with open(os.path.join(work_dir, INPUTS_NAME)) as f:
+            inputs = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return inputs if isinstance(inputs, list) else None
+
+
+def input_digest(inputs: list[list[Any]]) -> dict[str, Any]:
+    """What settings record of the input files: their number and a sha256 of the list (a corpus of a million
+    files must not make every journal save rewrite megabytes)."""
+    text = json.dumps(inputs, separators=(",", ":"), ensure_ascii=False)
+    return {"files": len(inputs), "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def save_progress(work_dir: str, progress: Progress) -> None:

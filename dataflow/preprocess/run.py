@@ -37,7 +37,7 @@ from dataflow.preprocess import output, startup
 from dataflow.preprocess.commit import Committer
 from dataflow.preprocess.executors import Executor, check_executor, make_executor
 from dataflow.preprocess.finish import copy_tokenizer, finished_counts, write_manifests
-from dataflow.preprocess.journal import Progress, load_progress
+from dataflow.preprocess.journal import Progress, input_digest, load_progress
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
 from dataflow.preprocess.progress import InputProgress
@@ -79,7 +79,7 @@ class TokenizeConfig:
         d = asdict(self)
         for k in ("out", "workers", "executor", "task_index", "overwrite", "progress", "max_errors"):
             d.pop(k)
-        d["inputs"] = inputs
+        d["inputs"] = input_digest(inputs)
         d["unit_bytes"] = self.unit_bytes or DEFAULT_UNIT_BYTES  # shards end where bundles end
         d["shard_size"] = parse_size(self.shard_size)
         return json.loads(json.dumps(d))
@@ -320,7 +320,8 @@ def _commit_all(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, res
 def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, started: float,
                          manifest: str) -> Summary:
     """A rerun of a finished run: its counts, once its settings (inputs included) are checked to be the same."""
-    startup.refuse_if_different(cfg, plan, read_manifest(manifest).provenance.get("settings"), cfg.out)
+    provenance = read_manifest(manifest).provenance
+    startup.refuse_if_different(cfg, plan, provenance.get("settings"), provenance.get("input_files"), cfg.out)
     tok = load_tokenizer(cfg.tokenizer, cfg.engine)
     datasets, docs, tokens, errors = finished_counts(layout)
     return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - started, tok.meta.name,

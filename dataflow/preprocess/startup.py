@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from dataflow.errors import ConfigError
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import parse_size
-from dataflow.preprocess.journal import Progress, save_progress
+from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
 from dataflow.preprocess.readers.pieces import splits_into_pieces
@@ -63,20 +63,20 @@ def _display_names(files: list[str]) -> dict[str, str]:
     return {f: os.path.relpath(f.split("://")[-1], root) for f in files}
 
 
-def refuse_if_different(cfg: TokenizeConfig, plan: TaskPlan, previous: dict[str, Any] | None, where: str,
-                        resuming: Progress | None = None) -> None:
+def refuse_if_different(cfg: TokenizeConfig, plan: TaskPlan, previous: dict[str, Any] | None,
+                        previous_inputs: list[Any] | None, where: str, resuming: Progress | None = None) -> None:
     """A `ConfigError` when work at `where` was made with other output settings than `cfg`'s, or from other
-    input files (added, removed or resized since), unless `resuming` that work can go on over them (see
-    `_resumable`)."""
+    input files (`previous_inputs`, the list whose digest `previous` holds: added, removed or resized since),
+    unless `resuming` that work can go on over them (see `_resumable`)."""
     now = cfg.output_settings(plan.inputs)
     if previous == now:
         return
     previous = previous or {}
     changed = sorted(k for k in set(now) | set(previous) if previous.get(k) != now.get(k))
-    if changed == ["inputs"] and isinstance(previous.get("inputs"), list):
-        if resuming is not None and _resumable(plan, previous["inputs"], resuming):
+    if changed == ["inputs"] and isinstance(previous_inputs, list):
+        if resuming is not None and _resumable(plan, previous_inputs, resuming):
             return
-        what = _inputs_changed(previous["inputs"], now["inputs"])
+        what = _inputs_changed(previous_inputs, plan.inputs)
         raise ConfigError(f"{where} holds work made from other input files ({what}); pass --overwrite to start "
                           f"again from these")
     raise ConfigError(f"{where} holds work made with other settings ({', '.join(changed) or 'unknown'}); "
@@ -117,11 +117,12 @@ def refuse_other_work(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journ
     """Refuse to continue an interrupted run, or to write beside a finished one (with or without a val split),
     of other settings or inputs."""
     if journaled is not None:
-        refuse_if_different(cfg, plan, journaled.settings, cfg.out, resuming=journaled)
+        refuse_if_different(cfg, plan, journaled.settings, load_inputs(layout.work), cfg.out, resuming=journaled)
         return
     for manifest in layout.manifests_either_layout():
         if layout.exists(manifest):
-            refuse_if_different(cfg, plan, read_manifest(manifest).provenance.get("settings"), cfg.out)
+            provenance = read_manifest(manifest).provenance
+            refuse_if_different(cfg, plan, provenance.get("settings"), provenance.get("input_files"), cfg.out)
     parts = layout.task_parts() if not layout.tasked and not layout.remote else []
     if parts:  # a later `merge` would list those parts in the index.json this run writes, over it
         raise ConfigError(f"{cfg.out} holds the task slices of a --num-tasks run ({', '.join(parts[:2])}"
@@ -203,6 +204,7 @@ def start_or_resume(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journal
     os.makedirs(layout.work, exist_ok=True)
     for split in layout.splits if not layout.remote else ():  # an object store has no folders to make
         os.makedirs(layout.writer_dir(split), exist_ok=True)
+    save_inputs(layout.work, plan.inputs)  # the inputs as they are now (see `_resumable`)
     progress = journaled
     if progress is None:
         progress = Progress(settings=cfg.output_settings(plan.inputs))
@@ -210,7 +212,7 @@ def start_or_resume(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journal
             pass
         save_progress(layout.work, progress)  # from here on, a rerun resumes
     else:
-        progress.settings = cfg.output_settings(plan.inputs)  # the inputs as they are now (see `_resumable`)
+        progress.settings = cfg.output_settings(plan.inputs)
         with open(layout.errors, "ab") as f:
             f.truncate(progress.errors_log_bytes)
     return progress
