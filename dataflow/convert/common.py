@@ -70,8 +70,6 @@ def dataset_output(out: str, overwrite: bool) -> Iterator[str]:
     if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, MANIFEST_NAME)):
         raise ConfigError(f"-o {out}: a folder that holds no dataset; --overwrite replaces a dataset, not other "
                           f"files: pass a new or empty folder")
-    if os.path.exists(out) and not os.path.isdir(out) and not overwrite:
-        raise ConfigError(f"{out} exists; pass --overwrite to replace it, or write elsewhere")
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="." + os.path.basename(os.path.abspath(out)) + ".", suffix=".tmp", dir=parent)

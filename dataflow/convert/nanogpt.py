@@ -40,7 +40,7 @@ def output_dtype(path: str, vocab_size: int, dtype: str | None) -> np.dtype:
     if dtype is None and named_uint32:  # as `file_dtype` will read it back
         dtype = "uint32"
     if dtype == "uint32":
-        if "uint32" not in os.path.basename(path):
+        if not named_uint32:
             raise ConfigError(f"{path}: a uint32 file must say so in its name (e.g. train.uint32.bin): nanoGPT's "
                               f"train.py reads every .bin as uint16 and would read this one as garbage")
         return np.dtype(np.uint32)
