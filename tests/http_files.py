@@ -45,9 +45,10 @@ class _Files(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(root: str) -> Iterator[tuple[str, list[str], set[str]]]:
-    """Serve `root` (made if missing): (its URL, the request paths seen, the path endings that answer 500)."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+def serve(root: str, handler: type = _Files) -> Iterator[tuple[str, list[str], set[str]]]:
+    """Serve `root` (made if missing): (its URL, the request paths seen, the path endings that answer 500).
+    `handler`: a subclass of `_Files` that answers some paths otherwise (a server that misbehaves)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     srv.daemon_threads, srv.root, srv.asked, srv.failing = True, str(root), [], set()
     os.makedirs(srv.root, exist_ok=True)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
