@@ -7,7 +7,6 @@ until the command runs. Errors are `DataflowError`s: the `dataflow` command prin
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 from typing import Any
@@ -36,7 +35,8 @@ def add_convert_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", help="--from: Megatron prefixes or nanoGPT files; --to: dataset folders; "
                    "several are read in the order given")
     p.add_argument("-o", "--out", required=True, help="--from: the dataset folder; --to megatron: the PREFIX of "
-                   "PREFIX.bin/.idx; --to nanogpt: the .bin file")
+                   "PREFIX.bin/.idx; --to nanogpt: the .bin file; a local path or a URL (s3://, gs://, ...: staged "
+                   "in $DATAFLOW_CACHE, uploaded when whole)")
     p.add_argument("--tokenizer", help="--from: the tokenizer the ids come from, as `dataflow tokenize` takes it: "
                    "bytes | PATH/URL to tokenizer.json | tiktoken:PATH (required with --from)")
     p.add_argument("--dtype", choices=["uint16", "uint32"], help="nanoGPT token type (default: uint16, as "
@@ -75,7 +75,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         if identity in named[:k]:  # its documents would be converted twice
             first = args.inputs[named.index(identity)]
             raise ConfigError(f"{args.inputs[k]}: the same input as {first}; name each input once")
-    if args.dst == "megatron" and (args.out.endswith(("/", os.sep)) or os.path.isdir(args.out)):
+    folder = args.out.endswith(("/", os.sep)) or os.path.isdir(args.out.removeprefix("file://"))
+    if args.dst == "megatron" and folder:
         raise ConfigError(f"-o {args.out}: --to megatron takes a prefix (PREFIX.bin and PREFIX.idx are written), "
                           f"not a folder; e.g. -o {os.path.join(args.out, 'data_text_document')}")
 
@@ -115,15 +116,17 @@ class _Bar:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from dataflow.convert import run
+    from dataflow.convert.outputs import write_error
 
     _check_flags(args)
     bar = _Bar(not args.no_progress)
     try:
         summary = _convert(args, run, bar)
-    except OSError as e:  # -o under a file, in /proc, a folder where a file goes: say so, no traceback
-        if e.errno in (errno.ENOSPC, errno.EDQUOT) or not _about_output(e, args.out):
+    except OSError as e:  # -o under a file, in /proc, a folder where a file goes, a full disk: one line
+        known = write_error(e, args.out)
+        if known is None:
             raise
-        raise ConfigError(f"-o {args.out}: cannot write there ({e.strerror}); choose another path") from None
+        raise known from None
     finally:
         bar.close()
     where = (f"{summary.shards} shard{'' if summary.shards == 1 else 's'} in {args.out}" if args.src
@@ -133,21 +136,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for note in summary.notes:
         print(f"  {note}")
     return 0
-
-
-def _about_output(e: OSError, out: str) -> bool:
-    """Whether `e` names the output: `out` itself, something under it, a folder above it, or a temp file the
-    atomic write made beside it (`.NAME.*`); an input's error stays the input's."""
-    target = os.path.abspath(out)
-    for f in (e.filename, e.filename2):
-        if not f:
-            continue
-        path = os.path.abspath(os.fsdecode(f))
-        beside = os.path.dirname(path) == os.path.dirname(target) and \
-            os.path.basename(path).startswith("." + os.path.basename(target) + ".")
-        if path == target or path.startswith(target + os.sep) or target.startswith(path + os.sep) or beside:
-            return True
-    return False
 
 
 def _convert(args: argparse.Namespace, run: Any, bar: _Bar) -> Any:

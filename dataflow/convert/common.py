@@ -1,16 +1,14 @@
-"""What every conversion shares: the tokenizer behind --tokenizer, atomic outputs, our datasets in batches."""
+"""What every conversion shares: the tokenizer behind --tokenizer, local inputs, our datasets in batches."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 
+from dataflow.convert.outputs import local_path
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, TokenizerMeta, read_manifest
@@ -44,53 +42,14 @@ def check_ids(tokens: np.ndarray, offsets: np.ndarray, vocab_size: int, where: s
                       f"--tokenizer: the data was made with another tokenizer; pass that one")
 
 
-def refuse_existing(paths: list[str], overwrite: bool) -> None:
-    """An output that exists is replaced only with --overwrite (an empty folder does not count)."""
+def local_inputs(paths: list[str], what: str) -> list[str]:
+    """The inputs as local paths (`file://PATH` is PATH): conversions memory-map their inputs, so a URL is
+    refused, in one line, before any work."""
     for p in paths:
-        if os.path.exists(p) and not (os.path.isdir(p) and not os.listdir(p)) and not overwrite:
-            raise ConfigError(f"{p} exists; pass --overwrite to replace it, or write elsewhere")
-
-
-def refuse_overlap(inputs: list[str], outputs: list[str]) -> None:
-    """No output may be an input, lie inside an input folder, or hold an input (replacing it would destroy
-    what is being read, --overwrite or not)."""
-    for out in outputs:
-        o = os.path.realpath(out)
-        for src in inputs:
-            i = os.path.realpath(src)
-            if os.path.commonpath([i, o]) in (i, o):
-                raise ConfigError(f"-o {out}: is, holds or lies inside the input {src}; write elsewhere")
-
-
-@contextlib.contextmanager
-def dataset_output(out: str, overwrite: bool) -> Iterator[str]:
-    """A temp folder beside `out` to write the dataset into; renamed over `out` when the `with` body succeeds,
-    removed when it fails: `out` holds the old dataset or the whole new one, never part of one."""
-    refuse_existing([out], overwrite)
-    if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, MANIFEST_NAME)):
-        raise ConfigError(f"-o {out}: a folder that holds no dataset; --overwrite replaces a dataset, not other "
-                          f"files: pass a new or empty folder")
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(os.path.abspath(out)) + ".", suffix=".tmp", dir=parent)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; a dataset is meant to be shared
-        old = None
-        if os.path.isdir(out) and os.listdir(out):
-            old = tempfile.mkdtemp(prefix="." + os.path.basename(os.path.abspath(out)) + ".", suffix=".old",
-                                   dir=parent)
-            os.replace(out, os.path.join(old, "dataset"))
-        elif os.path.isdir(out):
-            os.rmdir(out)  # empty
-        elif os.path.exists(out):
-            os.remove(out)  # a file, replaced with --overwrite
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if remote.is_remote(p):
+            raise ConfigError(f"{p}: convert reads local {what}; download it first (e.g. with the "
+                              f"fsspec/cloud CLI), then convert the local copy")
+    return [local_path(p) for p in paths]
 
 
 @dataclass
@@ -115,11 +74,7 @@ class Datasets:
 def open_datasets(paths: list[str]) -> Datasets:
     """Read the manifests of local datasets (folders or their index.json) that share one tokenizer."""
     folders, manifests = [], []
-    for p in paths:
-        if remote.is_remote(p):
-            raise ConfigError(f"{p}: convert --to reads local datasets; download it first (e.g. with the "
-                              f"fsspec/cloud CLI), then convert the local copy")
-        p = p[len("file://"):] if p.startswith("file://") else p
+    for p in local_inputs(paths, "datasets"):
         folders.append(os.path.dirname(p) if p.endswith(".json") else p)
         manifests.append(read_manifest(p))
     first = manifests[0].tokenizer

@@ -13,17 +13,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dataflow.convert import megatron, nanogpt
-from dataflow.convert.common import (
-    refuse_overlap,
-    BATCH_TOKENS,
-    check_ids,
-    dataset_batches,
-    dataset_output,
-    open_datasets,
-    refuse_existing,
-    tokenizer_meta,
-)
+from dataflow.convert import megatron, nanogpt, outputs
+from dataflow.convert.common import (BATCH_TOKENS, check_ids, dataset_batches, local_inputs, open_datasets,
+                                     tokenizer_meta)
+from dataflow.convert.outputs import dataset_output, refuse_overlap
 from dataflow.errors import ConfigError
 from dataflow.formats.atomic import atomic_open
 from dataflow.formats.manifest import TokenizerMeta
@@ -99,7 +92,7 @@ def _ids(source: str, first: int, count: int) -> DocIds:
 
 def from_megatron(prefixes: list[str], out: str, spec: str, options: WriteOptions, progress: Progress) -> Summary:
     """PREFIX.bin/.idx files (Megatron documents, in order, ids PREFIX:index) into one dataset."""
-    prefixes = [megatron.strip_suffix(p) for p in prefixes]
+    prefixes = [megatron.strip_suffix(p) for p in local_inputs(prefixes, "Megatron files")]
     indices = {p: megatron.read_index(p) for p in prefixes}  # every input checked before any work
     return _write_dataset("megatron", prefixes,
                           lambda p, _: megatron.document_batches(indices[p], BATCH_TOKENS), out, spec, options,
@@ -110,6 +103,7 @@ def from_megatron(prefixes: list[str], out: str, spec: str, options: WriteOption
 def from_nanogpt(files: list[str], out: str, spec: str, options: WriteOptions, progress: Progress,
                  dtype: str | None = None, eos_id: int | None = None) -> Summary:
     """Flat token files, split after each EOS (ids FILE:index), into one dataset."""
+    files = local_inputs(files, "nanoGPT files")
     for f in files:
         if not os.path.isfile(f):
             raise ConfigError(f"{f}: no such file; --from nanogpt takes flat token files such as train.bin")
@@ -135,17 +129,17 @@ def to_megatron(datasets: list[str], prefix: str, overwrite: bool, progress: Pro
     prefix = megatron.strip_suffix(prefix)
     dtype = megatron.output_dtype(ds.tokenizer.vocab_size)
     refuse_overlap(ds.paths, list(megatron.paths(prefix)))
-    refuse_existing(list(megatron.paths(prefix)), overwrite)
-    progress.start(ds.tokens)
-    writer = megatron.MegatronWriter(prefix, dtype, ds.documents)
-    try:
-        for _, tokens, offsets, ids in dataset_batches(ds):
-            writer.add(tokens, offsets, ids)
-            progress.update(len(tokens))
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
+    with outputs.files(list(megatron.paths(prefix)), overwrite) as (bin_path, _):
+        progress.start(ds.tokens)
+        writer = megatron.MegatronWriter(megatron.strip_suffix(bin_path), dtype, ds.documents)
+        try:
+            for _, tokens, offsets, ids in dataset_batches(ds):
+                writer.add(tokens, offsets, ids)
+                progress.update(len(tokens))
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
     return Summary(ds.documents, ds.tokens, list(megatron.paths(prefix)), dtype=dtype.name)
 
 
@@ -164,10 +158,9 @@ def to_nanogpt(datasets: list[str], path: str, overwrite: bool, progress: Progre
         if not 0 <= eos_id < min(ds.tokenizer.vocab_size, np.iinfo(out_dtype).max + 1):
             raise ConfigError(f"--eos-id {eos_id} is not an id of the tokenizer (vocabulary {ds.tokenizer.vocab_size})")
     refuse_overlap(ds.paths, [path])
-    refuse_existing([path], overwrite)
-    progress.start(ds.tokens)
     tokens_out = 0
-    with atomic_open(path, "wb") as f:
+    with outputs.files([path], overwrite) as (local,), atomic_open(local, "wb") as f:
+        progress.start(ds.tokens)
         for first, tokens, offsets, ids in dataset_batches(ds):
             if eos_id is None:
                 nanogpt.check_separated(tokens, offsets, ids, eos, first, ds.documents - 1)
