@@ -23,6 +23,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
                                            "(default 60)"),
     "DATAFLOW_FIRST_CONTACT_S": ("seconds", "seconds a dataset's first remote read (its manifest) may take in "
                                             "all, retries included (default 120)"),
+    "DATAFLOW_MANIFEST_MAX_BYTES": ("size", "the most bytes a dataset's index.json is read to, like 2GB, or none "
+                                            "(default 1GB; a million shards take about 200 MB)"),
     "DATAFLOW_JOURNAL_SECONDS": ("number", "tokenize saves its resume journal at most this often (default 1)"),
     "DATAFLOW_GIGATOKEN_CACHE_MB": ("megabytes", "growth in MB after which the gigatoken engine starts afresh "
                                                  "(default 256)"),

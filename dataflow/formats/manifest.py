@@ -6,14 +6,17 @@ without opening a shard, and `verify` checks every shard against it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import fsspec
 
+from dataflow import env
 from dataflow.errors import DataflowError, FormatError, NotADatasetError, cause
 from dataflow.formats import remote
 from dataflow.formats.atomic import write_json_atomic
@@ -28,6 +31,13 @@ TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
 # The most documents, tokens or bytes a shard or a whole dataset may claim: far beyond any corpus, and small
 # enough that no sum, offset or size computed from them overflows int64 (or loses precision in a float64).
 MAX_COUNT = 2**53
+# The most bytes a manifest is read to (DATAFLOW_MANIFEST_MAX_BYTES moves it): a million shards take about 200 MB,
+# so this is generous, and it stops a server's endless answer (or a link to /dev/zero) before memory runs out.
+MANIFEST_MAX_BYTES = 1 << 30
+# The deepest nesting a manifest may have outside its shard list (whose entries are typed fields): a manifest
+# needs a few levels; its provenance is written back out (merge, `inspect --json`) by recursive encoders.
+MAX_DEPTH = 32
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass
@@ -161,8 +171,10 @@ class Manifest:
             raise FormatError(f"{where}: tokenizer sha256 {t.sha256!r} is not a sha256 hex digest")
         if t.file is not None:
             check_relative_path(t.file, where, "tokenizer file")
-        for s in self.shards:
+        seen: dict[str, tuple[int, str]] = {}
+        for i, s in enumerate(self.shards):
             check_relative_path(s.path, where)
+            _check_listed_once(s.path, i, seen, where)
             if not all(_count(n) and n <= MAX_COUNT for n in (s.documents, s.tokens, s.bytes)):
                 raise FormatError(f"{where}: shard {s.path} has counts that are not integers in [0, 2^53] "
                                   f"(documents {s.documents!r}, tokens {s.tokens!r}, bytes {s.bytes!r})")
@@ -175,8 +187,13 @@ class Manifest:
 
 def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
     """The keys of `d` that `cls` has: fields added later within a format version are ignored."""
-    names = {f.name for f in fields(cls)}
+    names = _field_names(cls)
     return {k: v for k, v in d.items() if k in names}
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))  # once per class: a manifest may hold a million shard entries
 
 
 def check_relative_path(path: str, where: str, what: str = "shard path") -> None:
@@ -187,12 +204,24 @@ def check_relative_path(path: str, where: str, what: str = "shard path") -> None
                           f"(read as {escaped!r}); the manifest is damaged or hostile")
 
 
+def _check_listed_once(path: str, index: int, seen: dict[str, tuple[int, str]], where: str) -> None:
+    """Refuse a shard listed twice, in any spelling of its path (`./x`, `a//x`): the loader would serve it twice
+    an epoch. `seen`: the shards so far (entry, path as written), by normalised path. A name is never
+    percent-decoded here: readers open `%41.arrow` and `A.arrow` as two files."""
+    first = seen.setdefault(posixpath.normpath(path), (index, path))
+    if first[0] != index:
+        spelled = "" if first[1] == path else f", spelled {first[1]!r} and {path!r}"
+        raise FormatError(f"{where}: lists shard {posixpath.normpath(path)} twice (entries {first[0] + 1} and "
+                          f"{index + 1}{spelled}), which the loader would serve twice an epoch; the manifest is "
+                          "damaged or was edited: remove one entry, or re-create the dataset")
+
+
 def _count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def _is_sha256(x: Any) -> bool:
-    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
+    return isinstance(x, str) and SHA256_HEX.fullmatch(x) is not None
 
 
 def _hex_lower(d: dict[str, Any]) -> dict[str, Any]:
@@ -222,12 +251,14 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
 
     def read() -> bytes:
         with fsspec.open(url, "rb", **remote.with_timeouts(url, storage_options)) as f:
-            return f.read()
+            return _read_bounded(f, url)
 
     try:
         raw = remote.with_retries(url, read) if remote.is_remote(url) else read()
     except (FileNotFoundError, NotADirectoryError) as e:
         raise _not_found(str(dataset), url, e) from cause(e)
+    except DataflowError:
+        raise
     except Exception as e:
         err = explain(url, e)
         if err is None and remote.is_remote(url):
@@ -237,6 +268,8 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
         raise err from cause(e)
     try:
         d = json.loads(raw)
+    except RecursionError:
+        raise _too_deep(url) from None
     except ValueError as e:
         if posixpath.basename(url) != MANIFEST_NAME:  # e.g. a JSON-lines corpus named x.json
             raise NotADatasetError(f"{url} is not a dataflow manifest (not one JSON object); pass a folder "
@@ -245,7 +278,60 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
     if not isinstance(d, dict) or "version" not in d:
         raise NotADatasetError(f"{url} is not a dataflow manifest (no format version); pass a folder made "
                                "by `dataflow tokenize`")
+    if _nested_deeper({k: v for k, v in d.items() if k != "shards"}, MAX_DEPTH):
+        raise _too_deep(url)
     return Manifest.from_dict(d, where=url)
+
+
+def manifest_max_bytes() -> int | None:
+    """The most bytes a manifest is read to: DATAFLOW_MANIFEST_MAX_BYTES, else `MANIFEST_MAX_BYTES`; None: no bound."""
+    chosen = env.size("DATAFLOW_MANIFEST_MAX_BYTES")
+    return MANIFEST_MAX_BYTES if chosen is None else None if chosen == "none" else int(chosen)
+
+
+def _read_bounded(f: Any, url: str) -> bytes:
+    """The whole of open file `f`, refused once it is longer than a manifest may be (before it is all read: a
+    server's endless answer, a link to /dev/zero); a size the file declares beyond the bound, before a byte."""
+    limit = manifest_max_bytes()
+    if limit is None:
+        return f.read()
+    declared = getattr(f, "size", None)
+    if isinstance(declared, int) and declared > limit:
+        raise _too_large(url, limit, declared)
+    chunks, total = [], 0
+    want = declared + 1 if isinstance(declared, int) else 1 << 20  # the end is seen in one read, when known
+    while total <= limit:
+        chunk = f.read(min(want, limit + 1 - total))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        want = 16 << 20
+    raise _too_large(url, limit)
+
+
+def _too_large(url: str, limit: int, declared: int | None = None) -> FormatError:
+    size = "" if declared is None else f"{declared:,} bytes, "
+    return FormatError(f"{url}: is {size}more than {limit:,} bytes, the most a manifest is read to (a million "
+                       "shards take about 200 MB); it is not a dataflow manifest (check the URL and the server), or "
+                       "raise DATAFLOW_MANIFEST_MAX_BYTES")
+
+
+def _too_deep(url: str) -> FormatError:
+    return FormatError(f"{url}: manifest is nested more than {MAX_DEPTH} levels deep (a dataflow manifest needs a "
+                       "few); it is damaged or hostile: restore its index.json, or re-create the dataset")
+
+
+def _nested_deeper(obj: Any, limit: int) -> bool:
+    """Whether parsed JSON `obj` nests lists and objects more than `limit` levels deep (level by level, no
+    recursion)."""
+    level, depth = [obj], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [v for o in level for v in (o.values() if isinstance(o, dict) else o) if isinstance(v, (dict, list))]
+    return False
 
 
 def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
