@@ -15,6 +15,7 @@ the journal after every committed bundle: DATAFLOW_JOURNAL_SECONDS=0.)
   {"renamed": N}       the coordinator has put the shards of the bundle starting at unit >= N in place, and
                        no journal lists them yet
   {"manifest": true}   the first split's manifest is written, the journal not yet removed
+  {"finished": true}   every manifest (and on an object store the error log) is written, the journal not yet removed
   {"pause": [MARKER, GO]} at the first journal save: write MARKER, then wait until the file GO exists
 """
 
@@ -129,6 +130,15 @@ def _install(when: dict) -> None:
             _stop(when)
 
         finish.write_manifest = write_then_stop
+    if "finished" in when:
+        rmtree = finish.shutil.rmtree
+
+        def stop_before_removing(path, *args, **kwargs):
+            if os.path.basename(str(path)).startswith("task-"):
+                _stop(when)
+            rmtree(path, *args, **kwargs)
+
+        finish.shutil.rmtree = stop_before_removing
     save = commit.save_progress
     done = []
 

@@ -23,6 +23,8 @@ from dataflow.preprocess.journal import Progress, save_progress, save_seconds
 from dataflow.preprocess.plan import Unit
 from dataflow.preprocess.worker import BundleResult
 
+CLAIM_AHEAD = 64  # shard numbers claimed past the next bundle's: one extra journal save per 64 shards
+
 
 class Committer:
     """Commits bundle results in input order into the dataset and keeps the journal of `work_dir`.
@@ -56,6 +58,8 @@ class Committer:
 
     def commit(self, result: BundleResult) -> None:
         """Put one bundle in place (the next in input order); save the journal when it is due."""
+        if self._split_dirs is not None and claim_names(self._progress, result):
+            self.save()  # before the renames: a rerun may remove only names a journal claims
         commit_bundle(result, self._progress, self._scratch, self._split_dirs, self._extension, self._errlog,
                       self._errors_path, self._max_errors)
         if time.monotonic() - self._saved >= save_seconds():
@@ -69,6 +73,20 @@ class Committer:
         self._saved = time.monotonic()
 
 
+def claim_names(progress: Progress, result: BundleResult) -> bool:
+    """Claim (in `progress.claimed`) the shard numbers this bundle's shards will take, and `CLAIM_AHEAD` more,
+    unless claimed already; True when the claim grew (the journal must be saved before the renames)."""
+    if progress.claimed is None:
+        progress.claimed = {}
+    grew = False
+    for split, shards in result.shards.items():
+        needed = len(progress.shards.get(split, [])) + len(shards)
+        if needed > progress.claimed.get(split, 0):
+            progress.claimed[split] = needed + CLAIM_AHEAD
+            grew = True
+    return grew
+
+
 def commit_bundle(result: BundleResult, progress: Progress, scratch: str, split_dirs: dict[str, str] | None,
                   extension: str, errlog: IO[str], errors_path: str, max_errors: int) -> None:
     """Log the bundle's bad records, put its shards in place (`split_dirs` None: the workers uploaded them to
@@ -76,8 +94,8 @@ def commit_bundle(result: BundleResult, progress: Progress, scratch: str, split_
     _log_errors(result, progress, errlog, errors_path, max_errors)
     for split, shards in result.shards.items():
         listed = progress.shards.setdefault(split, [])
-        if split_dirs is None:
-            listed += [asdict(shard) for shard in shards]
+        if split_dirs is None:  # uploaded: the store's tag is checked again before the manifest (`finish.py`)
+            listed += [{**asdict(shard), "tag": result.tags.get(split, {}).get(shard.path, "")} for shard in shards]
             continue
         for shard in shards:
             name = f"shard-{len(listed):05d}{extension}"

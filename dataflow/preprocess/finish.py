@@ -47,19 +47,22 @@ def write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, met
         provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "bundles": list(plan.task_bundles)}
     datasets = {}
     for split in layout.splits:
-        shards = [ShardInfo(**s) for s in progress.shards.get(split, [])]
+        listed = progress.shards.get(split, [])
+        shards = [ShardInfo(**{k: v for k, v in s.items() if k != "tag"}) for s in listed]
         m = Manifest(tokenizer=metas[split], format=cfg.format, compression=cfg.compression,
                      dtype=metas[split].dtype, shards=shards, provenance=provenance)
         if layout.remote:
+            output.check_uploaded(layout.writer_dir(split), listed)
             output.write_remote_manifest(layout.writer_dir(split), m)
         else:
             write_manifest(layout.writer_dir(split), m)
         datasets[split] = _counts(m)
     if layout.remote:
         output.put_file(layout.errors, layout.errors_url)
-        os.remove(layout.errors)
-    shutil.rmtree(layout.work)
-    if not layout.remote and not os.listdir(layout.work_root):
+    shutil.rmtree(layout.work)  # the run is done: a rerun finds the manifests and nothing to resume
+    if layout.remote:
+        os.remove(layout.errors)  # (only now: a resume needs the local log the journal counts)
+    elif not os.listdir(layout.work_root):
         os.rmdir(layout.work_root)  # (a remote run's, with its lock, goes when the lock is released)
     return datasets
 

@@ -2,9 +2,10 @@
 
 Workers write finished shards; the coordinator renames them into the dataset in input order and, after
 committed bundles (at most every `save_seconds()`), records how far the run got (the next unit or piece,
-the counters, every split's shards). A rerun after `kill -9` drops the shards the journal does not list
-(they are written again, with the same bytes) and continues at the next bundle: the result is identical
-to an uninterrupted run. The journal's size grows with the shards, not the tokens.
+the counters, every split's shards). Before it renames a shard in under a number the journal has not
+claimed yet, it saves a claim on the next numbers. A rerun after `kill -9` drops the shards the journal
+claimed but does not list (they are written again, with the same bytes) and continues at the next bundle:
+the result is identical to an uninterrupted run. The journal's size grows with the shards, not the tokens.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class Progress:
     errors: int = 0
     errors_log_bytes: int = 0
     shards: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # per split, in order
+    # per split: shards numbered below this may be in place though not listed yet (a local run claims the
+    # names before it renames shards in: `ownership.py`); None in journals written before claims
+    claimed: dict[str, int] | None = None
 
 
 def load_progress(work_dir: str) -> Progress | None:

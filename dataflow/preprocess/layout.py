@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from typing import TYPE_CHECKING
 
 from dataflow.formats import remote
@@ -27,10 +26,13 @@ class Layout:
         tag = f"{cfg.task_index:05d}"
         self.work_root = output.local_work_root(cfg.out) if self.remote else os.path.join(cfg.out, WORK_DIR)
         self.work = os.path.join(self.work_root, f"task-{tag}")
-        errors = f"_errors-{tag}.jsonl" if self.tasked else "_errors.jsonl"
-        self.errors = os.path.join(self.work_root if self.remote else cfg.out, errors)  # written here, locally
-        self.errors_url = output.join(cfg.out, errors)  # and finally there
+        self.errors_name = f"_errors-{tag}.jsonl" if self.tasked else "_errors.jsonl"
+        self.errors_folder = cfg.out  # where the error log finally lies
+        self.errors = os.path.join(self.work_root if self.remote else cfg.out, self.errors_name)  # written here
+        self.errors_url = output.join(cfg.out, self.errors_name)
         self.part = f"part-{tag}" if self.tasked else None
+        # the tokenizer file copied beside each manifest (None: the built-in bytes tokenizer)
+        self.tokenizer_source = None if cfg.tokenizer == "bytes" else cfg.tokenizer.removeprefix("tiktoken:")
 
     def split_dir(self, split: str) -> str:
         return self.out if self.splits == ["train"] else output.join(self.out, split)
@@ -61,50 +63,6 @@ class Layout:
         return [output.join(d, MANIFEST_NAME) for d in self.writer_dirs_either_layout()]
 
     def finished_manifest(self) -> str | None:
+        """The train split's manifest, when one was written there (by a run of ours or not: see ownership.py)."""
         path = output.join(self.writer_dir("train"), MANIFEST_NAME)
         return path if self.exists(path) else None
-
-    def remove_partial_writes(self) -> None:
-        """Temp files of atomic writes that a killed run left behind (they never became shards)."""
-        if self.remote:
-            return
-        for split in self.splits:
-            folder = self.writer_dir(split)
-            if os.path.isdir(folder):
-                for name in os.listdir(folder):
-                    if name.startswith(".") and name.endswith(".tmp"):
-                        os.remove(os.path.join(folder, name))
-
-    def remove_unlisted_shards(self, listed: dict[str, set[str]]) -> None:
-        """Shards an interrupted run put in place after its last journal save (its rerun writes them again)."""
-        if self.remote:
-            for split in self.splits:
-                output.remove_shards(self.writer_dir(split), keep=listed.get(split, set()))
-            return
-        for split in self.splits:
-            folder = self.writer_dir(split)
-            if os.path.isdir(folder):
-                for name in os.listdir(folder):
-                    if name.startswith("shard-") and name not in listed.get(split, ()):
-                        os.remove(os.path.join(folder, name))
-
-    def clear(self) -> None:
-        """Remove this task's earlier output (for --overwrite), in either layout: a run that adds or drops the val
-        split leaves nothing of the other behind."""
-        dataset_files = (MANIFEST_NAME, "tokenizer.json", "tokenizer.tiktoken")
-        if self.remote:
-            for folder in self.writer_dirs_either_layout():
-                output.remove_shards(folder, also=dataset_files)
-            shutil.rmtree(self.work, ignore_errors=True)
-            if os.path.exists(self.errors):
-                os.remove(self.errors)
-            return
-        for path in [self.work, self.errors] + [d for d in self.writer_dirs_either_layout() if d != self.out]:
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.isfile(path):
-                os.remove(path)
-        if not self.tasked and os.path.isdir(self.out):
-            for name in os.listdir(self.out):
-                if name.startswith("shard-") or name in dataset_files:
-                    os.remove(os.path.join(self.out, name))

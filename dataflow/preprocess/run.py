@@ -33,7 +33,7 @@ from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import (DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size,
                                      shard_extension)
-from dataflow.preprocess import output, startup
+from dataflow.preprocess import output, ownership, startup
 from dataflow.preprocess.commit import Committer
 from dataflow.preprocess.executors import Executor, check_executor, make_executor
 from dataflow.preprocess.finish import copy_tokenizer, finished_counts, write_manifests
@@ -151,7 +151,7 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     try:
         with _one_run_at_a_time(cfg, layout):
             if cfg.overwrite:
-                layout.clear()
+                ownership.replace_earlier(layout)
             return _tokenize(cfg, started, files, layout, workers)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -183,6 +183,9 @@ def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
     work_root = layout.work_root
     made = [d for d in ((work_root,) if layout.remote else (cfg.out, work_root)) if not os.path.isdir(d)]
     # (the folders made are removed again if left empty)
+    if os.path.lexists(work_root) and not os.path.isdir(work_root):
+        raise ConfigError(f"{work_root}: a file where the run keeps its work (journal, lock); it was not written "
+                          f"by dataflow: move it away, or write the dataset elsewhere with another -o")
     try:
         os.makedirs(work_root, exist_ok=True)
     except OSError as e:
@@ -221,8 +224,9 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     journaled = load_progress(layout.work)
     # finished: a manifest and no work left behind (a run killed while closing its splits has written some)
     done = layout.finished_manifest() if journaled is None and not os.path.isdir(layout.work) else None
-    if done:
+    if done and ownership.manifest_of_ours(layout.writer_dir("train")):
         return _summary_of_finished(cfg, layout, plan, started, done)
+    ownership.refuse_foreign(layout, ownership.owned(layout, journaled))
     startup.refuse_other_work(cfg, layout, plan, journaled)
     startup.check_fields(plan.units, cfg.text_field, cfg.id_field)
     start = (journaled.next_unit, journaled.next_piece) if journaled else (0, 0)
@@ -230,7 +234,9 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
     unit_bytes = cfg.unit_bytes or DEFAULT_UNIT_BYTES
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)  # shards of bundles no journal listed: they are made again
-    startup.remove_leftovers(layout, journaled)
+    ownership.remove_leftovers(layout, journaled)
+    if todo:
+        ownership.save_claims(layout, (todo[0][0].index, todo[-1][-1].index + 1))  # before any upload
     with make_executor(cfg.executor, workers, cfg.tokenizer, cfg.engine) as executor, \
             contextlib.ExitStack() as readings:
 
@@ -248,7 +254,7 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
             executor.stop(now=True)
             shutil.rmtree(scratch, ignore_errors=True)
             if journaled is None:
-                shutil.rmtree(layout.work, ignore_errors=True)
+                ownership.forget_fresh_start(layout)
             raise
         progress = startup.start_or_resume(cfg, layout, plan, journaled)
         metas = copy_tokenizer(layout, tok)

@@ -17,6 +17,7 @@ from dataflow.errors import ConfigError
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import parse_size
 from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
+from dataflow.preprocess import output
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
 from dataflow.preprocess.readers.pieces import splits_into_pieces
@@ -189,30 +190,36 @@ def unit_spec(cfg: TokenizeConfig, layout: Layout, tok: Tokenizer, engine: str) 
                     piece_bytes=cfg.unit_bytes or DEFAULT_UNIT_BYTES)
 
 
-def remove_leftovers(layout: Layout, journaled: Progress | None) -> None:
-    """What an interrupted run wrote that its journal does not list (temp files, shards put in place after
-    its last save). Call it before any worker starts: on an object store workers upload straight to final
-    names, so a removal after they started would delete the new run's own shards."""
-    layout.remove_partial_writes()
-    listed = journaled.shards if journaled else {}
-    layout.remove_unlisted_shards({split: {s["path"] for s in shards} for split, shards in listed.items()})
-
-
 def start_or_resume(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journaled: Progress | None) -> Progress:
     """The journaled progress of an interrupted run (its shards as listed, its error log as long as it was),
-    or a fresh journal. Call it once the checks have passed (`remove_leftovers` ran before the workers)."""
+    or a fresh journal. Call it once the checks have passed (`ownership.remove_leftovers` ran before the
+    workers started)."""
     os.makedirs(layout.work, exist_ok=True)
     for split in layout.splits if not layout.remote else ():  # an object store has no folders to make
         os.makedirs(layout.writer_dir(split), exist_ok=True)
     save_inputs(layout.work, plan.inputs)  # the inputs as they are now (see `_resumable`)
     progress = journaled
     if progress is None:
-        progress = Progress(settings=cfg.output_settings(plan.inputs))
+        progress = Progress(settings=cfg.output_settings(plan.inputs), claimed={})
         with open(layout.errors, "w"):
             pass
         save_progress(layout.work, progress)  # from here on, a rerun resumes
     else:
         progress.settings = cfg.output_settings(plan.inputs)
-        with open(layout.errors, "ab") as f:
-            f.truncate(progress.errors_log_bytes)
+        _reopen_error_log(layout, progress.errors_log_bytes)
     return progress
+
+
+def _reopen_error_log(layout: Layout, length: int) -> None:
+    """The error log as long as the journal says (what was logged after its last save goes). A log shorter
+    than that is never padded: a run stopped at its very end on an object store had uploaded it already and
+    removed the local copy, which comes back from there; any other short log is refused."""
+    have = os.path.getsize(layout.errors) if os.path.exists(layout.errors) else 0
+    if have < length and layout.remote and output.exists(layout.errors_url):
+        output.get_file(layout.errors_url, layout.errors)
+        have = os.path.getsize(layout.errors)
+    if have < length:
+        raise ConfigError(f"{layout.errors}: the error log of the unfinished run is {have:,} bytes, its journal "
+                          f"counts {length:,}: it was cut or removed; pass --overwrite to start again")
+    with open(layout.errors, "ab") as f:
+        f.truncate(length)

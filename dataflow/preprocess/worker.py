@@ -60,6 +60,7 @@ class BundleResult:
     records: list[int] = field(default_factory=list)  # records read, per unit
     errors: list[tuple[int, int, Any, str]] = field(default_factory=list)  # (unit k, position, id, reason)
     shards: dict[str, list[ShardInfo]] = field(default_factory=dict)  # paths: file names in the scratch folder
+    tags: dict[str, dict[str, str]] = field(default_factory=dict)  # split -> uploaded shard -> the store's tag
     documents: int = 0
     tokens: int = 0
     text_bytes: int = 0
@@ -153,7 +154,8 @@ def _tokenize_bundle(bundle: list[Unit], spec: UnitSpec, scratch: str) -> Bundle
             result.shards[split] = list(w.shards)
         if spec.remote_dirs:  # straight to their final names: an object store has no rename
             for split, shards in result.shards.items():
-                result.shards[split] = upload_shards(scratch, shards, spec.remote_dirs[split], split)
+                result.shards[split], result.tags[split] = upload_shards(scratch, shards, spec.remote_dirs[split],
+                                                                         split)
     except BaseException:
         for w in writers.values():
             w.abort()
