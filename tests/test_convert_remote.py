@@ -121,13 +121,44 @@ def test_an_output_at_a_url_is_replaced_only_with_overwrite(work, mem, capsys, d
     staging_empty(work)
 
 
-def test_a_url_holding_other_files_is_not_replaced_by_a_dataset(work, mem, capsys):
+def test_a_dataset_is_written_beside_other_files_but_never_over_one(work, mem, capsys):
     fs = fsspec.filesystem("memory")
     fs.pipe(f"{mem}/ds2/notes.txt", b"mine")
     args, _ = DIRECTIONS["from nanogpt"]
+    assert convert(capsys, *args, "-o", f"{mem}/ds2")[0] == 0
+    assert fs.cat_file(f"{mem}/ds2/notes.txt") == b"mine" and fs.exists(f"{mem}/ds2/index.json")
+    fs.pipe(f"{mem}/ds3/shard-00000.arrow", b"not a shard of ours")
+    for overwrite in ([], ["--overwrite"]):
+        code, _, err = convert(capsys, *args, "-o", f"{mem}/ds3", *overwrite)
+        one_line_error(err, code, 2, f"{mem}/ds3", "shard-00000.arrow is there", "remove it")
+        assert fs.find(f"{mem}/ds3") == [f"{mem[len('memory:/'):]}/ds3/shard-00000.arrow"]
+    staging_empty(work)
+
+
+def test_an_upload_that_fails_midway_is_one_line_and_leaves_nothing_of_it(work, mem, capsys, monkeypatch):
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    fs = fsspec.filesystem("memory")
+    args, _ = DIRECTIONS["from nanogpt"]
+    assert convert(capsys, *args, "-o", f"{mem}/ds2")[0] == 0  # an old dataset, then a failing replacement
+    fs.pipe(f"{mem}/ds2/notes.txt", b"mine")
+    real, puts = MemoryFileSystem.put_file, []
+
+    def failing(self, lpath, rpath, **kwargs):
+        puts.append(rpath)
+        if len(puts) == 3:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return real(self, lpath, rpath, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "put_file", failing)
     code, _, err = convert(capsys, *args, "-o", f"{mem}/ds2", "--overwrite")
-    one_line_error(err, code, 2, f"{mem}/ds2", "holds no dataset")
-    assert fs.find(f"{mem}/ds2") == [f"/{mem[len('memory://'):]}/ds2/notes.txt"]
+    one_line_error(err, code, 1, f"{mem}/ds2", "uploading the dataset failed", "no dataset is there now", "rerun")
+    assert fs.find(f"{mem}/ds2") == [f"{mem[len('memory:/'):]}/ds2/notes.txt"]  # nothing half old, half new
+    staging_empty(work)
+    monkeypatch.setattr(MemoryFileSystem, "put_file", real)
+    assert convert(capsys, *args, "-o", f"{mem}/ds2", "--overwrite")[0] == 0  # the rerun finds no leftovers
+    assert convert(capsys, *args, "-o", f"{work}/local/ds2")[0] == 0
+    assert outputs(mem, "ds2") == {**outputs(str(work / "local"), "ds2"), "ds2/notes.txt": b"mine"}
 
 
 def test_a_failed_conversion_leaves_the_old_output_at_the_url(work, mem, capsys):
@@ -183,7 +214,15 @@ def test_all_three_directions_into_s3_read_back(work, s3, capsys):
     capsys.readouterr()
     assert main(["verify", "s3://conv/x/ds2", "--no-progress"]) == 0
     assert "ok: 8 shards, 300 documents" in capsys.readouterr().out
+    code, _, err = convert(capsys, "--to", "nanogpt", "ds", "-o", "s3://no-such-bucket/flat.bin")
+    one_line_error(err, code, 2, "s3://no-such-bucket/flat.bin", "does not exist")
     assert main(["decode", "s3://conv/x/ds2", "--no-progress"]) == 0
     remote = capsys.readouterr().out
     assert main(["decode", "ds", "--no-progress"]) == 0 and capsys.readouterr().out == remote
     no_scheme_folder(work)
+
+
+def test_an_input_named_twice_once_as_a_file_url_is_refused(work, capsys):
+    code, _, err = convert(capsys, "--to", "nanogpt", "ds", f"file://{work}/ds", "-o", "flat.bin")
+    one_line_error(err, code, 2, "the same input as ds")
+    assert not (work / "flat.bin").exists()

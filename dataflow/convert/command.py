@@ -83,6 +83,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def _input_identity(kind: str, path: str) -> str:
     """What an input names, whatever its spelling: a dataset's folder, a Megatron prefix, a nanoGPT file."""
+    path = path.removeprefix("file://")
     if "://" in path:
         return path.rstrip("/")
     if kind == "megatron":

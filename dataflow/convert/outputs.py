@@ -86,8 +86,8 @@ def files(paths: list[str], overwrite: bool, stdout: bool = False) -> Iterator[l
 @contextlib.contextmanager
 def dataset_output(out: str, overwrite: bool) -> Iterator[str]:
     """A temp folder to write the dataset into; when the `with` body succeeds it becomes `out` (renamed over a
-    local folder, uploaded to a URL), when it fails it is removed: `out` holds the old dataset or the whole new
-    one, never part of one."""
+    local folder, uploaded to a URL: `upload.staged_dataset`), when it fails it is removed: `out` holds the old
+    dataset or the whole new one, never part of one. A local folder must be empty or hold a dataset."""
     if remote.is_remote(out):
         with upload.staged_dataset(out, overwrite) as tmp:
             yield tmp

@@ -3,9 +3,10 @@
 An object store has no rename, so nothing is written there until the output is complete on local disk (a failed
 conversion leaves the store as it was). The upload puts the commit point last: a Megatron pair's `.idx` (the old
 one removed first, so that no reader pairs a new `.bin` with an old index), a dataset's `index.json` (likewise;
-the old dataset's own shards that the new one does not rewrite are removed after it). A single file is one PUT.
-The staging folder is `$DATAFLOW_CACHE/convert-staging/` (the cache holds tokenize's local work for object
-stores too), and needs room for the whole output.
+the old dataset's own files that the new one does not rewrite are removed after it, and a failed upload removes
+what it put). A single file is one PUT. A dataset is written beside other objects, never over one that no
+manifest there lists. The staging folder is `$DATAFLOW_CACHE/convert-staging/` (the cache holds tokenize's local
+work for object stores too), and needs room for the whole output.
 """
 
 from __future__ import annotations
@@ -105,29 +106,50 @@ def staged_files(urls: list[str]) -> Iterator[list[str]]:
 
 @contextlib.contextmanager
 def staged_dataset(url: str, overwrite: bool) -> Iterator[str]:
-    """A local folder for the body to write a whole dataset into, uploaded to `url` when it succeeds: refused
-    where `url` holds other files, or a dataset and no `overwrite`."""
+    """A local folder for the body to write a whole dataset into, uploaded to `url` when it succeeds. A dataset
+    there is replaced only with `overwrite`; other objects stay, and one that a file of the new dataset would
+    replace is refused (before any upload)."""
     check_writable(url)
     fs, root = filesystem(url)
-    index = posixpath.join(root.rstrip("/"), MANIFEST_NAME)
-    if on_store(url, "looking it up", lambda: fs.exists(index)):
-        if not overwrite:
-            raise ConfigError(f"{url} exists; pass --overwrite to replace it, or write elsewhere")
-    elif on_store(url, "looking it up", lambda: _holds_files(fs, root)):
-        raise ConfigError(f"-o {url}: a folder that holds no dataset; --overwrite replaces a dataset, not other "
-                          f"files: pass a new or empty folder")
-    old = _listed(url) if overwrite else set()
+    root = root.rstrip("/")
+    had = on_store(url, "looking it up", lambda: fs.exists(posixpath.join(root, MANIFEST_NAME)))
+    if had and not overwrite:
+        raise ConfigError(f"{url} exists; pass --overwrite to replace it, or write elsewhere")
+    old = _listed(url) if had else set()
     with staging(url) as folder:
         yield folder
-        new = sorted(os.path.relpath(os.path.join(d, n), folder) for d, _, files in os.walk(folder) for n in files)
-        doing = f"uploading it (there is no dataset at {url} until a rerun with --overwrite completes)"
-        on_store(url, doing, lambda: _remove(fs, [index]))
+        new = sorted(posixpath.join(*os.path.relpath(os.path.join(d, n), folder).split(os.sep))
+                     for d, _, names in os.walk(folder) for n in names)
+        there = on_store(url, "listing it", lambda: _names(fs, root))
+        taken = sorted(there & set(new) - old - {MANIFEST_NAME})
+        if taken:
+            raise ConfigError(f"{url}: {taken[0]} is there and no dataset there lists it (another program's file, "
+                              f"or one an interrupted convert left); remove it, or write elsewhere")
+        _upload_dataset(url, fs, root, folder, new, old)
+
+
+def _upload_dataset(url: str, fs: Any, root: str, folder: str, new: list[str], old: set[str]) -> None:
+    """Upload the staged dataset `new` (relative names) over the old one (`old`: what its manifest lists): the
+    old manifest removed first (no reader pairs it with new shards), the new one last, then the old files that
+    the new dataset does not rewrite. A failed upload removes what it put there (and, once the old manifest is
+    gone, the old dataset's files): a rerun finds nothing of either."""
+    put, replaced = [], False
+    try:
+        _remove(fs, [posixpath.join(root, MANIFEST_NAME)])
+        replaced = True
         for name in [n for n in new if n != MANIFEST_NAME] + [MANIFEST_NAME]:
-            target = posixpath.join(root.rstrip("/"), *name.split(os.sep))
-            on_store(url, doing, lambda: fs.put_file(os.path.join(folder, name), target))
-        stale = sorted(old - {n.replace(os.sep, "/") for n in new})
-        on_store(url, "removing the old dataset's files", lambda: _remove(
-            fs, [posixpath.join(root.rstrip("/"), n) for n in stale]))
+            put.append(posixpath.join(root, name))
+            fs.put_file(os.path.join(folder, *name.split("/")), put[-1])
+    except BaseException as e:
+        with contextlib.suppress(Exception):  # best effort: the store may be what failed
+            _remove(fs, put + ([posixpath.join(root, n) for n in old] if replaced else []))
+        if not isinstance(e, Exception):
+            raise
+        raise (explain(url, e) or StorageError(f"{url}: uploading the dataset failed ({remote.describe(e)}); "
+                                               f"{'no dataset is there now: ' if replaced else ''}check the store, "
+                                               f"then rerun")) from cause(e)
+    on_store(url, "removing the old dataset's files", lambda: _remove(
+        fs, [posixpath.join(root, n) for n in sorted(old - set(new))]))
 
 
 def _listed(url: str) -> set[str]:
@@ -147,8 +169,9 @@ def _remove(fs: Any, paths: list[str]) -> None:
             fs.rm_file(p)
 
 
-def _holds_files(fs: Any, root: str) -> bool:
+def _names(fs: Any, root: str) -> set[str]:
+    """Every object under `root`, relative to it."""
     try:
-        return bool(fs.ls(root, detail=False))
+        return {p[len(root):].lstrip("/") for p in fs.find(root)}
     except (FileNotFoundError, NotADirectoryError):
-        return False
+        return set()
