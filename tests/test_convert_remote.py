@@ -226,3 +226,17 @@ def test_an_input_named_twice_once_as_a_file_url_is_refused(work, capsys):
     code, _, err = convert(capsys, "--to", "nanogpt", "ds", f"file://{work}/ds", "-o", "flat.bin")
     one_line_error(err, code, 2, "the same input as ds")
     assert not (work / "flat.bin").exists()
+
+
+@pytest.mark.parametrize("where", ["local", "url"])
+def test_a_disk_that_fills_is_one_line(work, mem, capsys, monkeypatch, where):
+    out = f"{mem}/flat.bin" if where == "url" else "flat.bin"
+
+    def full(fd):  # what a write on a full disk raises: ENOSPC, with no file name
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    code, _, err = convert(capsys, "--to", "nanogpt", "ds", "-o", out)
+    one_line_error(err, code, 1, out, "full", "staging folder" if where == "url" else "free space")
+    assert not (work / "flat.bin").exists() and not fsspec.filesystem("memory").exists(f"{mem}/flat.bin")
+    staging_empty(work)

@@ -127,9 +127,10 @@ def _replace(tmp: str, out: str, parent: str) -> None:
 def write_error(e: OSError, out: str) -> DataflowError | None:
     """One line for an OSError about the output `out` (a read-only folder, a folder that is a file, a full
     disk); None for one about another file (an input's error stays the input's)."""
-    if remote.is_remote(out) or not _about(e, local_path(out)):
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)  # a write's error: a file's name comes only with open's
+    if remote.is_remote(out) or not (_about(e, local_path(out)) or (full and not e.filename)):
         return None
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    if full:
         return DataflowError(f"-o {out}: the disk is full ({e.strerror}); free space, then rerun (what was at "
                              f"{out} is untouched)")
     return ConfigError(f"-o {out}: cannot write there ({e.strerror}); choose another path")

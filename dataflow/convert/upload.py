@@ -75,9 +75,10 @@ def staging(url: str) -> Iterator[str]:
     try:
         yield folder
     except OSError as e:
-        if not str(e.filename or "").startswith(folder):
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)  # a write's error: a file's name comes only with open's
+        if not (str(e.filename or "").startswith(folder) or (full and not e.filename)):
             raise
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if full:
             raise DataflowError(f"{url}: the local staging folder {parent} is full ({e.strerror}); free space "
                                 f"or point DATAFLOW_CACHE elsewhere, then rerun ({url} is untouched)") from None
         raise ConfigError(f"{url}: cannot write the local staging folder {parent} ({e.strerror}); point "
