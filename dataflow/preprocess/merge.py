@@ -13,6 +13,7 @@ manifest is written last: atomically (temp file + rename) in a folder, by one PU
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 from typing import Any
@@ -44,13 +45,10 @@ def _merge_split(fs: Any, root: str, url: str) -> Manifest:
     """Merge the parts under one split (`root` on `fs`, `url` as the user wrote it) and commit the manifest."""
     manifests = _finished_parts(fs, root, url)
     first_part, first = manifests[0]
-    for part, m in manifests[1:]:
-        if m.provenance.get("settings") != first.provenance.get("settings"):
-            raise DataflowError(f"{output.join(url, part)} was made with other settings than {first_part}; rerun it "
-                                "with the same command as the other tasks (add --overwrite), then merge again")
-        if m.tokenizer != first.tokenizer:
-            raise DataflowError(f"{output.join(url, part)} was made with another tokenizer file than {first_part}; "
-                                "rerun it with the same tokenizer (add --overwrite), then merge again")
+    _check_one_run(url, manifests)
+    _check_tasks(url, manifests)
+    for part, m in manifests:
+        _check_shard_files(fs, posixpath.join(root, part), output.join(url, part), m)
     shards = [ShardInfo(f"{part}/{s.path}", s.documents, s.tokens, s.bytes, s.sha256)
               for part, m in manifests for s in m.shards]
     provenance = dict(first.provenance)
@@ -68,7 +66,8 @@ def _merge_split(fs: Any, root: str, url: str) -> Manifest:
 
 
 def _finished_parts(fs: Any, root: str, url: str) -> list[tuple[str, Manifest]]:
-    """(part, manifest) of every task, in task order; refuses parts unfinished, never started or damaged."""
+    """(part, manifest) of every task, in task order; refuses parts unfinished, never started or damaged, and
+    parts beyond the run's number of tasks (left by an earlier run of more)."""
     names = sorted(posixpath.basename(p.rstrip("/")) for p in _list(fs, root, url))
     parts = [n for n in names if PART.fullmatch(n)]
     if not parts:
@@ -80,7 +79,11 @@ def _finished_parts(fs: Any, root: str, url: str) -> list[tuple[str, Manifest]]:
         else:
             unfinished.append(part)
     if manifests:
-        expected = manifests[0][1].provenance.get("settings", {}).get("num_tasks", len(parts))
+        expected = _num_tasks(manifests[0][1], len(parts))
+        beyond = [p for p in parts if _task_of(p) >= expected]
+        if beyond:
+            raise DataflowError(f"{output.join(url, beyond[0])}: no task of this {expected}-task run (left by a run "
+                                "of more tasks?); remove it, then merge again")
         unfinished += [f"part-{i:05d}" for i in range(expected) if f"part-{i:05d}" not in parts]
     if unfinished or not manifests:
         raise DataflowError(f"{url}: tasks not finished: {', '.join(sorted(unfinished))}; rerun those task "
@@ -88,12 +91,103 @@ def _finished_parts(fs: Any, root: str, url: str) -> list[tuple[str, Manifest]]:
     return manifests
 
 
+def _check_one_run(url: str, manifests: list[tuple[str, Manifest]]) -> None:
+    """Refuse parts made with other output settings or another tokenizer than the first, naming what differs."""
+    first_part, first = manifests[0]
+    settings = first.provenance.get("settings") or {}
+    for part, m in manifests[1:]:
+        theirs = m.provenance.get("settings") or {}
+        changed = sorted(k for k in set(settings) | set(theirs) if settings.get(k) != theirs.get(k))
+        if changed:
+            what = "; ".join(f"{k}: {_short(theirs.get(k))} there, {_short(settings.get(k))} in {first_part}"
+                             for k in changed[:3])
+            raise DataflowError(f"{output.join(url, part)} was made with other settings than {first_part} ({what}); "
+                                "rerun it with the same command as the other tasks (add --overwrite), then merge again")
+        if m.tokenizer != first.tokenizer:
+            raise DataflowError(f"{output.join(url, part)} was made with another tokenizer file than {first_part}; "
+                                "rerun it with the same tokenizer (add --overwrite), then merge again")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_tasks(url: str, manifests: list[tuple[str, Manifest]]) -> None:
+    """Each part holds its own task's slice (its provenance names the task of its folder, of this run's K), and
+    their bundle ranges split the whole plan as `--num-tasks K` does: contiguous, from bundle 0 to the last."""
+    k = len(manifests)  # every task 0..K-1 has its folder, each once (see _finished_parts)
+    ranges = []
+    for part, m in manifests:
+        i, task = _task_of(part), m.provenance.get("task")
+        rerun = f"rerun task {i} (--task-index {i} --overwrite), then merge again"
+        if not isinstance(task, dict):
+            raise DataflowError(f"{output.join(url, part)}: its manifest names no task (it was not written by "
+                                f"`dataflow tokenize --num-tasks`); {rerun}")
+        bundles = task.get("bundles")
+        if (task.get("index"), task.get("of")) != (i, k):
+            raise DataflowError(f"{output.join(url, part)} holds the slice of task {task.get('index')!r} of "
+                                f"{task.get('of')!r}, not task {i} of {k} (a part copied or moved?); {rerun}")
+        if not (isinstance(bundles, list) and len(bundles) == 2 and all(type(b) is int for b in bundles)):
+            raise DataflowError(f"{output.join(url, part)}: its manifest's bundle range {bundles!r} is not two "
+                                f"integers; {rerun}")
+        begins = ranges[-1][1] if ranges else 0
+        if bundles[0] != begins or bundles[1] < bundles[0]:
+            where = f"part-{i - 1:05d}'s ends at bundle {begins}" if i else "the first slice begins at bundle 0"
+            raise DataflowError(f"{output.join(url, part)} holds bundles [{bundles[0]}, {bundles[1]}) of the input, "
+                                f"but {where} (the slices must follow each other); {rerun}")
+        ranges.append(tuple(bundles))
+    total = ranges[-1][1]
+    split = [(i * total // k, (i + 1) * total // k) for i in range(k)]
+    if ranges != split:
+        raise DataflowError(f"{url}: the parts' bundle ranges {_ranges(ranges)} do not split the plan's {total} "
+                            f"bundles as --num-tasks {k} does ({_ranges(split)}); the part manifests were edited: "
+                            "rerun the tasks with --overwrite, then merge again")
+
+
+def _ranges(ranges: list[tuple[int, int]]) -> str:
+    return ", ".join(f"part-{i:05d} [{lo}, {hi})" for i, (lo, hi) in enumerate(ranges))
+
+
+def _check_shard_files(fs: Any, folder: str, url: str, m: Manifest) -> None:
+    """Every shard the part's manifest lists is in its folder with the size listed (one listing of the folder;
+    the sha256 is `dataflow verify`'s: it reads every byte, and merge reads none)."""
+    listing = {posixpath.basename(e["name"].rstrip("/")): e for e in _call(url, lambda: fs.ls(folder, detail=True))}
+    task = _task_of(posixpath.basename(folder))
+    for shard in m.shards:
+        path = posixpath.normpath(shard.path)
+        entry = listing.get(path) if "/" not in path else _info(fs, posixpath.join(folder, path), url)
+        size = None if entry is None or entry.get("type") == "directory" else entry.get("size")
+        if size != shard.bytes:
+            what = "missing" if size is None else f"{size:,} bytes, its manifest says {shard.bytes:,}"
+            raise FormatError(f"{output.join(url, shard.path)}: {what}; the part is damaged: rerun task {task} "
+                              f"(--task-index {task} --overwrite), then merge again")
+
+
+def _info(fs: Any, path: str, url: str) -> dict[str, Any] | None:
+    try:
+        return _call(url, lambda: fs.info(path))
+    except FileNotFoundError:
+        return None
+
+
+def _task_of(part: str) -> int:
+    """The task index a `part-0000I` folder is named for."""
+    return int(part.split("-")[1])
+
+
+def _num_tasks(m: Manifest, default: int) -> int:
+    """The number of tasks of the run that wrote `m` (its settings), else `default`."""
+    k = (m.provenance.get("settings") or {}).get("num_tasks")
+    return k if type(k) is int and k >= 1 else default
+
+
 def _copy_tokenizer(fs: Any, root: str, url: str, part: str, name: str) -> None:
     try:
         _call(url, lambda: fs.copy(posixpath.join(root, part, name), posixpath.join(root, name)))
     except FileNotFoundError:
         raise FormatError(f"{output.join(output.join(url, part), name)}: the tokenizer's copy that the part's manifest "
-                          f"names is missing; rerun task {int(part.split('-')[1])} with --overwrite, then merge "
+                          f"names is missing; rerun task {_task_of(part)} with --overwrite, then merge "
                           "again") from None
 
 
@@ -101,7 +195,7 @@ def _read_part(url: str, part: str) -> Manifest:
     try:
         return read_manifest(output.join(url, part))
     except FormatError as e:
-        task = int(part.split("-")[1])
+        task = _task_of(part)
         raise FormatError(f"{output.join(url, part)} cannot be merged, its manifest is damaged ({e}); rerun task "
                           f"{task} (--task-index {task} --overwrite), then merge again") from None
 
