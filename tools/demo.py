@@ -79,7 +79,7 @@ def main() -> int:
              "--set", f"data.path={os.path.join(data, 'train')}",
              "--set", f"data.val_path={os.path.join(data, 'val')}",
              "--set", f"checkpoint.dir={os.path.join(out, 'checkpoints')}",
-             "--set", "checkpoint.resume=none",
+             "--set", "checkpoint.resume=none", "--set", "checkpoint.replace=true",  # anew, over the last demo
              "--set", f"log.jsonl={os.path.join(out, 'metrics.jsonl')}"]
     if args.steps:
         train += ["--set", f"train.steps={args.steps}"]

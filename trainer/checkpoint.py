@@ -3,8 +3,11 @@
     DIR/step-000123/          complete checkpoint (only these are ever loaded)
         .metadata, *.distcp   torch.distributed.checkpoint, each rank writes its own shards
         rng-rank00000.json    that rank's RNG states, as lists
-        trainer_state.json    step, schedule, loader state, counters (written last)
+        trainer_state.json    step, run id, schedule, loader state, counters (written last)
     DIR/step-000124.tmp/      being written; renamed to step-000124/ once every rank has finished
+
+DIR belongs to one run (`Checkpointer.begin`): the run id in `trainer_state.json` tells a new run's checkpoints
+from an older run's, so pruning keeps this run's newest and a resume never continues another run silently.
 
 DCP pickles its metadata and non-tensor values; loading goes through an allow-list unpickler and
 `torch.load(weights_only=True)`, so a checkpoint folder cannot run code.
@@ -21,8 +24,9 @@ import random
 import re
 import shutil
 import tempfile
+import uuid
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -74,6 +78,48 @@ def resolve_resume(root: str, resume: str) -> str | None:
         raise ConfigError(f"checkpoint.resume = {resume!r} is not a complete checkpoint folder "
                           f"(needs {STATE_FILE} and .metadata); use \"auto\", \"none\" or a step-NNNNNN folder")
     return resume
+
+
+def _state_of(path: str) -> dict[str, Any]:
+    """A checkpoint's trainer state as far as it reads ({} when it does not: `load` names what is wrong)."""
+    try:
+        with open(os.path.join(path, STATE_FILE)) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def run_of(path: str) -> str | None:
+    """The run id of a checkpoint: None for one written before run ids (a run that resumed one keeps none)."""
+    return _state_of(path).get("run_id")
+
+
+def _names(found: list[tuple[int, str]]) -> str:
+    names = [os.path.basename(p) for _, p in found]
+    return ", ".join(names) if len(names) <= 4 else f"{names[0]}, {names[1]} ... {names[-1]} ({len(names)})"
+
+
+def _not_ours(root: str, resumed: str | None, run_id: str | None) -> tuple[str, str, list[tuple[int, str]]] | None:
+    """(whose, why, which) when complete checkpoints in `root` are not the history of the run that starts from
+    `resumed` (None: a new run): another run's, or this run's later than `resumed`; None when all are."""
+    found = [(s, p) for s, p in complete_checkpoints(root)
+             if not resumed or os.path.realpath(p) != os.path.realpath(resumed)]
+    other = [(s, p) for s, p in found if resumed is None or run_of(p) != run_id]
+    start = _state_of(resumed).get("step", -1) if resumed else -1
+    later = [(s, p) for s, p in found if s > start]
+    if resumed is None and found:
+        return ("another run's", f"checkpoints of another run ({_names(found)}); a new run (checkpoint.resume = "
+                                 f"\"none\") would mix its own with them: train that run on (checkpoint.resume = "
+                                 f"\"auto\")", found)
+    if other:
+        return ("another run's", f"checkpoints of another run ({_names(other)}) than {resumed}, which this run "
+                                 f"continues: name the one to train on (checkpoint.resume = FOLDER)", other)
+    if later:
+        return ("this run's later", f"checkpoints of this run ({_names(later)}) later than {resumed}, which it "
+                                    f"trains on from, and two histories of one run would mix: resume the newest "
+                                    f"(checkpoint.resume = \"auto\")", later)
+    return None
 
 
 # --- safe loading -------------------------------------------------------------------------------
@@ -182,6 +228,7 @@ class Checkpointer:
 
     def __init__(self, root: str, keep: int, d: Dist):
         self.root, self.keep, self.d = root, keep, d
+        self.run_id: str | None = uuid.uuid4().hex[:16]  # a new run's; `begin` takes a resumed run's
         if root and d.is_main:  # said now, not at the first save after hours of training
             try:
                 os.makedirs(root, exist_ok=True)
@@ -190,6 +237,25 @@ class Checkpointer:
             except OSError as e:
                 raise ConfigError(f"checkpoint.dir = {root!r}: cannot write checkpoints there ({e.strerror or e}); "
                                   f"choose another folder") from None
+
+    def begin(self, resume: str, replace: bool = False, say: Callable[[str], None] = print) -> str | None:
+        """The checkpoint this run starts from (None: a new run), once `root` holds only this run's history:
+        another run's checkpoints there, or this run's later than the one it resumes from, are a ConfigError
+        naming them, or with `replace` deleted (every rank calls this; the main one deletes)."""
+        resumed = resolve_resume(self.root, resume)
+        if resumed is not None:
+            self.run_id = run_of(resumed)
+        found = _not_ours(self.root, resumed, self.run_id) if self.root else None
+        if found and not replace:
+            raise ConfigError(f"checkpoint.dir = {self.root!r} holds {found[1]}, set checkpoint.replace = true "
+                              f"to delete them, or choose another checkpoint.dir")
+        if found and self.d.is_main:
+            for _, path in found[2]:
+                shutil.rmtree(path)
+            say(f"checkpoint.replace = true: deleted {found[0]} checkpoints in {self.root}: {_names(found[2])}")
+        if found:
+            _barrier(self.d)
+        return resumed
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> str:
         """Write checkpoint `step` atomically (all ranks call this); returns its folder."""
@@ -207,7 +273,8 @@ class Checkpointer:
         _barrier(d)
         if d.is_main:
             _write_json(os.path.join(tmp, STATE_FILE),
-                        {"version": STATE_VERSION, "step": step, "world_size": d.world_size, **state})
+                        {"version": STATE_VERSION, "step": step, "world_size": d.world_size, "run_id": self.run_id,
+                         **state})
             if os.path.exists(final):  # the same step saved again (e.g. after a rollback): replace it
                 shutil.rmtree(final)
             os.rename(tmp, final)
@@ -216,7 +283,8 @@ class Checkpointer:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            for _, old in complete_checkpoints(self.root)[: -self.keep]:
+            ours = [p for _, p in complete_checkpoints(self.root) if run_of(p) == self.run_id]
+            for old in ours[: -self.keep]:  # this run's only: never another's, which `begin` refused or replaced
                 shutil.rmtree(old, ignore_errors=True)
         _barrier(d)
         return final

@@ -87,6 +87,9 @@ class CheckpointConfig:
     every: int = 200
     keep: int = 3  # complete checkpoints kept; older ones are deleted
     resume: str = "auto"  # auto (newest complete checkpoint in dir, if any) | none | a checkpoint folder
+    # dir is one run's: a new run refuses another run's checkpoints there (and a resumed one its checkpoints past
+    # the one it resumes from) unless replace = true, which deletes them when the run starts
+    replace: bool = False
     save_at_exit: bool = True  # also at the end of the run and on SIGTERM/SIGINT
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import dataflow
 from dataflow.errors import ConfigError, TrainingAborted
 from dataflow.units import count
-from trainer.checkpoint import Checkpointer, complete_checkpoints, resolve_resume
+from trainer.checkpoint import Checkpointer, complete_checkpoints
 from trainer.config import Config
 from trainer.estimate import warn_if_out_of_reach
 from trainer.metrics import Interval, MetricsLogger, peak_flops, peak_memory_gib
@@ -233,11 +233,11 @@ def setup(cfg: Config, d: Dist, log: MetricsLogger) -> Run:
 def resume(run: Run) -> None:
     """Continue from the configured checkpoint, if any: weights, optimizer, counters, the data position, RNG."""
     cfg, d, t = run.cfg, run.d, run.cfg.train
-    run.resume_path = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
+    ckpt = run.ckpt or Checkpointer("", 1, d)
+    run.resume_path = ckpt.begin(cfg.checkpoint.resume, cfg.checkpoint.replace, run.log.print)
     if not run.resume_path:
         return
-    state = (run.ckpt or Checkpointer("", 1, d)).load(run.resume_path, run.model, run.optimizer,
-                                                      expect_model=run.model_meta)
+    state = ckpt.load(run.resume_path, run.model, run.optimizer, expect_model=run.model_meta)
     run.step, loader_state = state["step"], state["loader"]
     c = state["counters"]
     run.counters = Counters(c["skipped"], c["bad_in_row"], c["loss_ema"], c["tokens"])
@@ -256,7 +256,7 @@ def say_what_is_ahead(run: Run, stop_at: int) -> None:
         run.log.print(f"nothing to do: the checkpoint is at step {step} and train.steps = {t.steps}"
                       + (f", train.stop_at = {t.stop_at}" if t.stop_at else "")
                       + f"; to train on, raise it (--set train.steps={2 * max(step, 1)}); to start afresh, "
-                        f"--set checkpoint.resume=none or another checkpoint.dir")
+                        f"--set checkpoint.resume=none --set checkpoint.replace=true, or another checkpoint.dir")
     else:
         warn_if_out_of_reach(run.cfg, run.d.device, run.d.world_size, run.gpt, run.tokens_per_step, run.log.print)
 
