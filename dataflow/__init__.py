@@ -14,8 +14,7 @@ from dataflow.errors import (CacheFullError, CacheUnwritable, ConfigError, Crede
                              StorageError, TrainingAborted, UnreachableError, WorkerDied)
 from dataflow.formats.manifest import TokenizerMeta
 from dataflow.formats.writer import ShardWriter
-
-__version__ = "0.1.0"
+from dataflow.version import __version__
 
 _LAZY = {
     "StreamingDataset": "dataflow.loading.dataset",

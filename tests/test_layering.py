@@ -86,11 +86,21 @@ def test_preprocess_never_imports_the_loader_or_the_profiler():
 # preprocess/, so moving readers into preprocess/readers/ keeps the guard); every module under
 # preprocess/readers/ is a reader. A module never imports one of a role above its own.
 PREPROCESS_ROLES = [
-    ("run",),  # `dataflow tokenize`: plans, drives, commits, resumes
+    ("run", "merge", "decode"),  # the commands: `dataflow tokenize` (plans, drives, commits, resumes), merge, decode
+    ("finish",),  # the manifests: the commit point
+    ("startup",),  # the checks before any commit, the journal's start
+    ("ownership",),  # which files in the output are the run's own
+    ("layout",),  # where one task writes
+    ("config",),  # the run's settings
     ("executors",),  # local pool / Ray: runs bundles of units on workers
-    ("commit", "journal", "progress"),  # the coordinator's records of finished work
+    ("commit", "progress"),  # the coordinator's records of finished work
     ("worker",),  # one bundle: read, tokenize, write finished shards
-    ("blocks", "sources", "pieces", "compressed", "flat", "readers"),  # reading inputs (readers/ and its peers)
+    ("plan", "output", "journal"),  # the cut into units; local or object-store output; the journal's format
+    ("tokenizers",),  # the tokenizers and their engines
+    ("gigatoken_engine", "tiktoken_files", "hf_reference"),
+    ("tiktoken_engine",),
+    ("bpe_convert", "flat"),
+    ("readers",),  # reading inputs: every module under readers/
 ]
 READER_ROLE = "readers"
 
@@ -137,7 +147,11 @@ def preprocess_violations(package_root: pathlib.Path) -> list[str]:
 
 
 def test_preprocess_roles_import_only_downward():
-    bad = preprocess_violations(ROOT / "dataflow" / "preprocess")
+    root = ROOT / "dataflow" / "preprocess"
+    roles = {m for layer in PREPROCESS_ROLES for m in layer} - {READER_ROLE}
+    files = {p.stem for p in root.glob("*.py")} - {"__init__"}
+    assert files == roles, f"place each preprocess module in PREPROCESS_ROLES: {sorted(files ^ roles)}"
+    bad = preprocess_violations(root)
     assert not bad, "\n".join(bad)
 
 

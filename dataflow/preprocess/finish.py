@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-import dataflow
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, TokenizerMeta, read_manifest, write_manifest
 from dataflow.preprocess import output
 from dataflow.preprocess.journal import Progress
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.tokenizers import Tokenizer
+from dataflow.version import __version__
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.run import TokenizeConfig
+    from dataflow.preprocess.config import TokenizeConfig
     from dataflow.preprocess.startup import TaskPlan
 
 
@@ -41,7 +41,7 @@ def write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, met
                     files: list[str], plan: TaskPlan) -> dict[str, dict[str, int]]:
     """Every split's manifest over the shards the journal lists; then the work folder goes."""
     provenance: dict[str, Any] = {"inputs": files, "input_files": plan.inputs,  # [name in ids, bytes] each
-                                  "settings": cfg.output_settings(plan.inputs), "dataflow": dataflow.__version__,
+                                  "settings": cfg.output_settings(plan.inputs), "dataflow": __version__,
                                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if layout.tasked:
         provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "bundles": list(plan.task_bundles)}

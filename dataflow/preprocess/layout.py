@@ -10,7 +10,7 @@ from dataflow.formats.manifest import MANIFEST_NAME
 from dataflow.preprocess import output
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.run import TokenizeConfig
+    from dataflow.preprocess.config import TokenizeConfig
 
 WORK_DIR = "_work"
 

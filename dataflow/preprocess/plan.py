@@ -13,41 +13,12 @@ boundaries, so `unit_bytes` is an output setting.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-
 import fsspec
 
 from dataflow.preprocess.readers import input_kind, parquet, spans, splits_into_pieces
+from dataflow.preprocess.readers.records import Unit
 
 DEFAULT_UNIT_BYTES = 32 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Unit:
-    index: int
-    file: str
-    kind: str  # jsonl | parquet | text
-    name: str = ""  # the file's name in derived ids (relative to the inputs' common folder)
-    first_row: int = 0  # Parquet: the file's row number of this unit's first row
-    start: int = 0  # byte range for uncompressed JSONL; row-group range for Parquet
-    end: int | None = None
-    size: int = 0  # input bytes this unit covers (for progress)
-    # a piece of a compressed JSONL stream (see readers/pieces.py): its number, its decompressed bytes (`start`: where
-    # they begin in the decompressed stream) in a spill file the worker deletes or carried as `data`, whether
-    # it is the stream's last, and how many compressed bytes were read up to its end
-    piece: int = -1
-    data: bytes | None = field(default=None, repr=False, compare=False)
-    spill: str = ""
-    last: bool = True
-    read: int = 0
-    skip: int = 0  # a compressed JSONL file sent whole to a worker: its pieces before this one are committed
-
-    def without_data(self) -> "Unit":
-        """This unit without the bytes of a piece (what travels back from a worker)."""
-        return replace(self, data=None) if self.data is not None else self
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "data"}
 
 
 def file_sizes(files: list[str]) -> list[int]:

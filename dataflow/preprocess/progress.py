@@ -10,7 +10,7 @@ from __future__ import annotations
 from tqdm import tqdm
 
 from dataflow.preprocess.readers import splits_into_pieces
-from dataflow.preprocess.plan import Unit
+from dataflow.preprocess.readers.records import Unit
 
 GUESSED_RATIO = 4.0  # decompressed / compressed bytes of JSONL text before a piece says otherwise
 

@@ -19,14 +19,15 @@ from dataflow.formats.writer import parse_size
 from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
 from dataflow.preprocess import output
 from dataflow.preprocess.layout import Layout
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit, bundle_units, file_sizes, plan_units
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, bundle_units, file_sizes, plan_units
 from dataflow.preprocess.readers.pieces import splits_into_pieces
 from dataflow.preprocess.readers import first_record_fields, read_unit_blocks
+from dataflow.preprocess.readers.records import Unit
 from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.run import TokenizeConfig
+    from dataflow.preprocess.config import TokenizeConfig
 
 SAMPLE_BLOCK_BYTES = 1 << 18  # JSONL input per block when reading the input sample (its first ~128K characters)
 

@@ -27,7 +27,8 @@ from dataflow.formats import arrays
 from dataflow.preprocess.readers import Block, compressed_file, pieces, read_unit_blocks
 from dataflow.preprocess.flat import append_eos, string_buffers
 from dataflow.preprocess.output import upload_shards
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, Unit
+from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
+from dataflow.preprocess.readers.records import Unit
 from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
 
 

@@ -29,7 +29,7 @@ from dataflow.preprocess.readers.pieces import (compressed_file, expand, pieces,
 from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Span
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.plan import Unit
+    from dataflow.preprocess.readers.records import Unit
 
 __all__ = ["Block", "Reading", "Span", "compressed_file", "expand", "expand_inputs", "first_record_fields", "input_kind",
            "pieces", "read_bundles", "read_unit_blocks", "spans", "split_compression", "splits_into_pieces",

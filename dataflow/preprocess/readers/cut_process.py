@@ -26,7 +26,7 @@ from dataflow.lifetime import die_with_parent
 from dataflow.preprocess.readers.pieces import compressed_file, expand
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.plan import Unit
+    from dataflow.preprocess.readers.records import Unit
 
 POLL_S = 0.2  # how often a consumer waiting for the next bundle checks that the cutting process lives
 

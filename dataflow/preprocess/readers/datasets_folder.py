@@ -22,7 +22,7 @@ from dataflow.preprocess.readers.parquet import table_blocks
 from dataflow.preprocess.readers.records import Block, Span
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.plan import Unit
+    from dataflow.preprocess.readers.records import Unit
 
 STATE = "state.json"
 DICT = "dataset_dict.json"

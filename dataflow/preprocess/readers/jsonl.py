@@ -28,7 +28,7 @@ from dataflow.preprocess.readers.listing import split_compression
 from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Record, Span, block_of, checked, missing_errors
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.plan import Unit
+    from dataflow.preprocess.readers.records import Unit
 
 LINE_TAIL = 1 << 16  # bytes read past a unit's end at a time, to find where its last line ends
 

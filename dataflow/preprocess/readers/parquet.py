@@ -39,7 +39,7 @@ from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Record, Span
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-    from dataflow.preprocess.plan import Unit
+    from dataflow.preprocess.readers.records import Unit
 
 MAX_OPEN_FILES = 4  # Parquet files a worker keeps open (each: one handle and its parsed footer)
 FOOTER_THREADS = 16  # footers the coordinator reads at once while planning

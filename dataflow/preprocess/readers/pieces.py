@@ -30,7 +30,7 @@ from dataflow.preprocess.readers.compressed import decompressed, read_errors
 from dataflow.preprocess.readers.listing import split_compression
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.plan import Unit
+    from dataflow.preprocess.readers.records import Unit
 
 READ_SIZE = 8 << 20  # compressed bytes per read of the source
 SLACK = 1 << 20  # decompressed bytes read past a piece's boundary, to find the end of its line

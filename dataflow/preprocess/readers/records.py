@@ -1,4 +1,5 @@
-"""What every reader hands on: `Block`s of consecutive records as Arrow arrays, and the `Record` of the slow path.
+"""What readers take and hand on: the work `Unit` they read, `Block`s of consecutive records as Arrow arrays, and
+the `Record` of the slow path.
 
 A reader gives the worker blocks, never a Python object per record, where its input allows. A block that the
 bulk path cannot read exactly (a bad record in it) is read again record by record as `Record`s, each a
@@ -8,7 +9,7 @@ records are counted in input order and never depend on timing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -18,6 +19,34 @@ import pyarrow.compute as pc
 from dataflow.formats import arrays
 
 BLOCK_BYTES = 1 << 21  # input bytes per block: one engine call
+
+
+@dataclass(frozen=True)
+class Unit:
+    index: int
+    file: str
+    kind: str  # jsonl | parquet | text
+    name: str = ""  # the file's name in derived ids (relative to the inputs' common folder)
+    first_row: int = 0  # Parquet: the file's row number of this unit's first row
+    start: int = 0  # byte range for uncompressed JSONL; row-group range for Parquet
+    end: int | None = None
+    size: int = 0  # input bytes this unit covers (for progress)
+    # a piece of a compressed JSONL stream (see readers/pieces.py): its number, its decompressed bytes (`start`: where
+    # they begin in the decompressed stream) in a spill file the worker deletes or carried as `data`, whether
+    # it is the stream's last, and how many compressed bytes were read up to its end
+    piece: int = -1
+    data: bytes | None = field(default=None, repr=False, compare=False)
+    spill: str = ""
+    last: bool = True
+    read: int = 0
+    skip: int = 0  # a compressed JSONL file sent whole to a worker: its pieces before this one are committed
+
+    def without_data(self) -> "Unit":
+        """This unit without the bytes of a piece (what travels back from a worker)."""
+        return replace(self, data=None) if self.data is not None else self
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "data"}
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataflow.preprocess.readers.compressed import open_decompressed
 from dataflow.preprocess.readers.records import Block, Record, block_of
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.plan import Unit
+    from dataflow.preprocess.readers.records import Unit
 
 
 def unit_blocks(unit: "Unit", text_field: str, id_field: str) -> Iterator[Block]:
