@@ -18,6 +18,7 @@ from dataflow.formats import manifest as manifest_mod
 from dataflow.formats import remote
 from http_files import _Files as Files
 from http_files import serve
+from test_faults import edit_manifest
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 READERS = ("verify", "inspect", "decode")
@@ -35,14 +36,12 @@ def ds(tmp_path) -> str:
 
 def edit(path: str, change) -> None:
     """`change` the manifest of `path`, its totals kept the sums of its entries (as a careful forger would)."""
-    index = os.path.join(path, "index.json")
-    with open(index) as f:
-        d = json.load(f)
-    change(d)
-    d["totals"] = {k: sum(s[k] for s in d["shards"]) for k in ("documents", "tokens", "bytes")}
-    d["totals"]["shards"] = len(d["shards"])
-    with open(index, "w") as f:
-        json.dump(d, f)
+    def forged(d):
+        change(d)
+        d["totals"] = {k: sum(s[k] for s in d["shards"]) for k in ("documents", "tokens", "bytes")}
+        d["totals"]["shards"] = len(d["shards"])
+
+    edit_manifest(path, forged)
 
 
 def refused(capsys, path: str, *needles: str) -> None:
