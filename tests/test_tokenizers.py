@@ -174,7 +174,7 @@ def test_endoftext_inside_a_document_is_text_not_eos():
 
 def test_tiktoken_file_spec_matches_hf(docs, gpt2_ref):
     tok = load_tokenizer(f"tiktoken:{GPT2_TIKTOKEN}")
-    assert tok.engine == "tiktoken" and "GPT-2 split pattern" in tok.engine_reason
+    assert tok.engine == "tiktoken" and "is r50k_base by its sha256" in tok.engine_reason
     assert (tok.meta.kind, tok.meta.vocab_size, tok.meta.eos_id) == ("tiktoken", 50257, 50256)
     got = tok.encode_batch(docs)
     assert same_ids(got, gpt2_ref)

@@ -19,11 +19,12 @@ BATCH_TOKENS = 1 << 22  # tokens handed to a writer at a time
 
 def tokenizer_meta(spec: str, folder: str) -> TokenizerMeta:
     """The manifest's tokenizer for `--tokenizer SPEC`, exactly as `dataflow tokenize` makes it (its file
-    copied into `folder`). Nothing is encoded, so a tokenizer.json loads on `tokenizers` without proofs."""
+    copied into `folder`). Nothing is encoded, so a tokenizer.json loads on `tokenizers` without proofs and a
+    .tiktoken file needs no split pattern."""
     from dataflow.preprocess.tokenizers import load_tokenizer
 
     engine = "hf" if spec != "bytes" and not spec.startswith("tiktoken:") else "auto"
-    return load_tokenizer(spec, engine).copy_into(folder)
+    return load_tokenizer(spec, engine, decode_only=True).copy_into(folder)
 
 
 def check_ids(tokens: np.ndarray, offsets: np.ndarray, vocab_size: int, where: str, first: int) -> None:

@@ -20,13 +20,21 @@ from dataflow.formats.manifest import TokenizerMeta
 from dataflow.preprocess import bpe_convert
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
+# Ids below this pass however few the entries (tables of this many ids cost engines a few MB); beyond it the largest
+# id must stay below twice the number of entries. Bump IDS_CHECKED when the rule changes: remembered metadata
+# is of files that passed the rule of its version.
+SPARSE_IDS_FREE = 1 << 17
+IDS_CHECKED = 1
 
 
-def load_reference(source: str, data: bytes) -> Any:
+def load_reference(source: str, data: bytes, ids_checked: bool = False) -> Any:
     """`tokenizers.Tokenizer` for the file's bytes, set to encode special-token strings as plain text and never
-    to truncate or pad; a ConfigError of one line for a file it cannot read."""
+    to truncate or pad; a ConfigError of one line for a file it cannot read. Its ids are checked first (`check_ids`)
+    unless `ids_checked` (this machine remembers metadata of the file, which only a checked one has)."""
     from tokenizers import Tokenizer
 
+    if not ids_checked:
+        check_ids(data, source)
     try:
         tok = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as e:  # the library raises plain Exception for malformed files
@@ -39,6 +47,37 @@ def load_reference(source: str, data: bytes) -> Any:
         raise ConfigError("the installed tokenizers library lacks encode_special_tokens; "
                           "install tokenizers>=0.15") from None
     return tok
+
+
+def check_ids(data: bytes, source: str) -> None:
+    """Refuse a `tokenizer.json` whose largest id, of its vocabulary or of an added token, lies far beyond its
+    number of ids (see SPARSE_IDS_FREE): its vocabulary size would be that id + 1, and engines allocate per id
+    (gigatoken tried 16 GB for an id of 10^9 and aborted). What is not JSON is left to `tokenizers` to refuse."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return
+    if not isinstance(obj, dict):
+        return
+    vocab = obj["model"].get("vocab") if isinstance(obj.get("model"), dict) else None
+    ids: dict[int, tuple[str, Any]] = {}
+    if isinstance(vocab, list):  # Unigram: the ids are the positions
+        ids = dict.fromkeys(range(len(vocab)), ("vocabulary", None))
+    elif isinstance(vocab, dict):
+        ids = {v: ("vocabulary", k) for k, v in vocab.items() if _is_id(v)}
+    for t in obj.get("added_tokens") if isinstance(obj.get("added_tokens"), list) else []:
+        if isinstance(t, dict) and _is_id(t.get("id")):
+            ids.setdefault(t["id"], ("added token", t.get("content")))
+    largest = max(ids, default=0)
+    if largest >= max(2 * len(ids), SPARSE_IDS_FREE):
+        what, token = ids[largest]
+        raise ConfigError(f"{source}: its largest id is {largest} but it has {len(ids)} ids (the {what} {token!r}); "
+                          f"ids must lie below {SPARSE_IDS_FREE} or at most 2 ids per entry, since the vocabulary size "
+                          "is the largest id + 1: the file is damaged or edited")
+
+
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def meta_of(tok: Any, source: str, sha256: str) -> TokenizerMeta:
@@ -74,7 +113,8 @@ def remember_meta(meta: TokenizerMeta) -> None:
 def _meta_path(sha256: str) -> str:
     import tokenizers
 
-    return os.path.join(bpe_convert.proof_cache_dir(), f"{sha256}-tokenizers{tokenizers.__version__}.meta.json")
+    return os.path.join(bpe_convert.proof_cache_dir(),
+                        f"{sha256}-ids{IDS_CHECKED}-tokenizers{tokenizers.__version__}.meta.json")
 
 
 def _name(source: str) -> str:

@@ -3,7 +3,8 @@
 `bytes` is built in (UTF-8 bytes as ids 0-255, EOS 256). A Hugging Face `tokenizer.json` gives the ids
 the `tokenizers` library gives; the fastest engine proven to give the same ids runs it: gigatoken
 (byte-level BPE, SentencePiece-style BPE with byte fallback), then tiktoken (byte-level BPE without a
-normalizer), then `tokenizers` itself. `tiktoken:PATH` loads a `.tiktoken` BPE file.
+normalizer), then `tokenizers` itself. `tiktoken:PATH` loads a `.tiktoken` BPE file as its encoding (a published
+one by its sha256, another with the split pattern of --tiktoken-pattern: tiktoken_files.py).
 Special-token strings inside a document are always encoded as ordinary text: a document never
 injects an EOS. Lone surrogates (invalid Unicode) are encoded as U+FFFD by every engine.
 """
@@ -11,7 +12,6 @@ injects an EOS. Lone surrogates (invalid Unicode) are encoded as U+FFFD by every
 from __future__ import annotations
 
 import abc
-import base64
 import contextlib
 import hashlib
 import logging
@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import TokenizerMeta
-from dataflow.preprocess import bpe_convert, hf_reference
+from dataflow.preprocess import bpe_convert, hf_reference, tiktoken_files
 from dataflow.preprocess.bpe_convert import NotConvertible
 from dataflow.preprocess.flat import Flat, arrow_texts, flat_from_lists, scrub, split_flat, string_buffers
 
@@ -92,6 +92,20 @@ class Tokenizer(abc.ABC):
     def share_check_with_forks(self) -> None:
         """Forks of this process rely on its `check_sample` (only a proven fast engine checks anything)."""
 
+    def _in_vocabulary(self, flat: Flat) -> Flat:
+        """`flat`, its ids checked to lie below the vocabulary size: that size chose the token dtype of the
+        dataset, so a larger id would be stored modulo 2^16 (one numpy max per batch; none where the ids' own
+        dtype cannot hold such an id)."""
+        values = flat[0]
+        if values.size and np.iinfo(values.dtype).max >= self.meta.vocab_size:
+            top = int(values.max())
+            if top >= self.meta.vocab_size:
+                raise ConfigError(f"{self.source}: the tokenizer gave id {top}, not below its vocabulary size "
+                                  f"{self.meta.vocab_size} ({self.meta.dtype} tokens), so it is not stored (modulo the "
+                                  "dtype); the tokenizer file, or what this machine remembers of it in "
+                                  f"{bpe_convert.proof_cache_dir()}, is inconsistent: delete that folder and run again")
+        return flat
+
     def copy_into(self, out_dir: str) -> TokenizerMeta:
         """Copy the tokenizer file into the dataset folder so readers need nothing else."""
         if self.source is None:
@@ -141,6 +155,7 @@ class HFTokenizer(Tokenizer):
         self._hf = None  # `tokenizers` itself: see _reference_tokenizer
         self._forks_checked_by: int | None = None  # see share_check_with_forks
         self.meta = hf_reference.recall_meta(source, self._sha256) if engine != "hf" else None
+        self._ids_checked = self.meta is not None  # see hf_reference.check_ids: before any engine sees the file
         if self.meta is None:
             self._reference_tokenizer()  # sets the metadata
         if threads > 1:  # rayon sizes its pool once per process, at its first parallel call
@@ -158,7 +173,7 @@ class HFTokenizer(Tokenizer):
         remembered one that differs: the caller compares `meta` before and after the input check."""
         with _LOAD_LOCK:
             if self._hf is None:
-                hf = hf_reference.load_reference(self.source, self._data)
+                hf = hf_reference.load_reference(self.source, self._data, self._ids_checked)
                 meta = hf_reference.meta_of(hf, self.source, self._sha256)
                 known = None if self.meta is None else (self.meta.vocab_size, self.meta.eos_id)
                 if known != (meta.vocab_size, meta.eos_id):
@@ -254,11 +269,11 @@ class HFTokenizer(Tokenizer):
 
     def encode_flat(self, texts: pa.Array) -> Flat:
         if self._fast is None:
-            return flat_from_lists(self._hf_lists(texts.to_pylist(), self.threads))
+            return self._in_vocabulary(flat_from_lists(self._hf_lists(texts.to_pylist(), self.threads)))
         flat = self._fast.encode_flat(texts)
         if self._sample_left > 0 and self._forks_checked_by in (None, os.getpid()):
             flat = self._check_sample(texts, flat)
-        return flat
+        return self._in_vocabulary(flat)
 
     def _reference(self, texts: list[str]) -> list[list[int]]:
         """The ids the proofs compare against, on this thread: checks never start rayon's pool."""
@@ -296,50 +311,41 @@ _BUILDERS = {"gigatoken": _gigatoken, "tiktoken": _tiktoken}
 
 
 class TiktokenTokenizer(Tokenizer):
-    """A `.tiktoken` BPE file (base64 token, rank per line).
+    """A `.tiktoken` BPE file read as its encoding (see tiktoken_files.py): a published one, known by its sha256,
+    with its encoding's split pattern, special tokens and EOS; another with the split pattern `pattern`."""
 
-    The file holds ranks only, so this assumes GPT-2's conventions: GPT-2's split pattern and one
-    special token, `<|endoftext|>` = the number of ranks, which is also EOS. For other encodings use
-    their `tokenizer.json` (the auto engine still runs it on tiktoken when it is exact).
-    """
+    def __init__(self, source: str, data: bytes, threads: int = 1, pattern: str | None = None,
+                 decode_only: bool = False) -> None:
+        from dataflow.preprocess.tiktoken_engine import TiktokenEngine
 
-    GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-    def __init__(self, source: str, data: bytes, threads: int = 1) -> None:
-        from dataflow.preprocess.tiktoken_engine import TiktokenEngine, encoding
-
-        try:
-            ranks = {base64.b64decode(tok, validate=True): int(rank)
-                     for tok, rank in (line.split() for line in data.decode().splitlines() if line)}
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{source}: not a valid .tiktoken file: each line must be 'base64-token rank' ({e})") \
-                from None
-        if not ranks:
-            raise ConfigError(f"{source}: empty .tiktoken file")
-        eos = len(ranks)
-        self._engine = TiktokenEngine(encoding(os.path.basename(source), self.GPT2_PATTERN, ranks,
-                                               {"<|endoftext|>": eos}), threads)
+        self._file = tiktoken_files.read(source, data, pattern, decode_only=decode_only)
+        self._engine = TiktokenEngine(tiktoken_files.tiktoken_encoding(self._file, user_pattern=pattern), threads)
         self.source = source
         self.threads = threads
         self.engine = "tiktoken"
-        self.engine_reason = "tiktoken: a .tiktoken file (GPT-2 split pattern, EOS = number of ranks)"
-        self.meta = TokenizerMeta(kind="tiktoken", name=os.path.basename(source), vocab_size=eos + 1,
-                                  eos_id=eos, sha256=hashlib.sha256(data).hexdigest())
+        self.engine_reason = f"tiktoken: {self._file.how}"
+        self.meta = TokenizerMeta(kind="tiktoken", name=self._file.name, vocab_size=self._file.vocab_size,
+                                  eos_id=self._file.eos_id, sha256=self._file.sha256)
 
     def encode_flat(self, texts: pa.Array) -> Flat:
-        return self._engine.encode_flat(texts)
+        if not self._file.encodes:
+            raise ConfigError(f"{self.source}: loaded to decode only; its split pattern is not known")
+        return self._in_vocabulary(self._engine.encode_flat(texts))
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = np.asarray(ids)
         return self._engine.enc.decode(arr[arr != self.meta.eos_id].tolist())
 
 
-def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample: Sequence[str] = ()) -> Tokenizer:
-    """`bytes`, a path/URL to a `tokenizer.json`, or `tiktoken:PATH`.
+def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample: Sequence[str] = (),
+                   decode_only: bool = False) -> Tokenizer:
+    """`bytes`, a path/URL to a `tokenizer.json`, or `tiktoken:PATH` (with a split pattern: see
+    tiktoken_files.tiktoken_spec).
 
     `engine` ("auto", "hf", "gigatoken", "tiktoken") picks what encodes a `tokenizer.json`; see HFTokenizer.
     `threads` is the number of engine threads per encode_batch call (one per worker process by default).
     `sample` is input text added to the equivalence proof of the auto/tiktoken engine.
+    `decode_only`: the caller needs the metadata and `decode` only, so a `.tiktoken` file needs no split pattern.
     """
     if engine not in ENGINES + ("bytes",):
         raise ConfigError(f"unknown engine {engine!r}; choose {', '.join(ENGINES)}")
@@ -351,13 +357,14 @@ def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample:
         return ByteTokenizer()
     if engine == "bytes":
         raise ConfigError(f"engine 'bytes' applies only to the bytes tokenizer, not {spec}")
+    spec, pattern = tiktoken_files.split_spec(spec)
     kind = "tiktoken" if spec.startswith("tiktoken:") else "hf"
     source = spec[len("tiktoken:"):] if kind == "tiktoken" else spec
     if kind == "tiktoken" and engine == "hf":
         raise ConfigError(f"{source}: a .tiktoken file runs only on tiktoken; --engine hf needs a tokenizer.json")
     data = _read_tokenizer_file(spec, source)
     if kind == "tiktoken":
-        return TiktokenTokenizer(source, data, threads=threads)
+        return TiktokenTokenizer(source, data, threads=threads, pattern=pattern, decode_only=decode_only)
     return HFTokenizer(source, data, engine=engine, threads=threads, sample=sample)
 
 
@@ -387,5 +394,5 @@ def tokenizer_for_dataset(dataset_dir: str, meta: TokenizerMeta) -> Tokenizer:
         raise FormatError(f"{dataset_dir}: the manifest names no tokenizer file copy; cannot decode")
     path = os.path.join(dataset_dir, meta.file)
     if meta.kind == "tiktoken":
-        return load_tokenizer("tiktoken:" + path, engine="tiktoken")
+        return load_tokenizer("tiktoken:" + path, engine="tiktoken", decode_only=True)
     return load_tokenizer(path, engine="hf")  # decoding always runs on tokenizers: no proof needed
