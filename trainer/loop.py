@@ -24,7 +24,7 @@ from trainer.config import Config
 from trainer.estimate import warn_if_out_of_reach
 from trainer.metrics import Interval, MetricsLogger, peak_flops, peak_memory_gib
 from trainer.model import GPT
-from trainer.optim import build_optimizer, clip_grad_norm, lr_at
+from trainer.optim import Schedule, build_optimizer, clip_grad_norm
 from trainer.parallelize import Dist, grad_sync, init_distributed, parallelize, set_cpu_threads, uses_fsdp
 from trainer.signals import StopFlag
 
@@ -188,6 +188,7 @@ class Run:
     tokens_per_step: int
     flops_per_token: float
     peak_flops: float | None
+    schedule: Schedule  # the learning rate of each step: the config's, or as continued from the checkpoint's
     step: int = 0
     counters: Counters = field(default_factory=Counters)
     last_saved: int = -1
@@ -227,7 +228,7 @@ def setup(cfg: Config, d: Dist, log: MetricsLogger) -> Run:
     model_meta["vocab_size"] = ds.vocab_size
     prefetcher = dataflow.DevicePrefetcher(loader, device=d.device, depth=cfg.data.prefetch_depth)
     return Run(cfg, d, log, ds, loader, val_loader, model, gpt, optimizer, prefetcher, ckpt, model_meta,
-               tokens_per_step, gpt.flops_per_token(cfg.data.seq_len), peak_flops(d.device))
+               tokens_per_step, gpt.flops_per_token(cfg.data.seq_len), peak_flops(d.device), Schedule.of(t))
 
 
 def resume(run: Run) -> None:
@@ -241,6 +242,7 @@ def resume(run: Run) -> None:
     run.step, loader_state = state["step"], state["loader"]
     c = state["counters"]
     run.counters = Counters(c["skipped"], c["bad_in_row"], c["loss_ema"], c["tokens"])
+    run.schedule = run.schedule.resumed(state, run.step, run.log.print)
     run.prefetcher.load_state_dict(loader_state)
     if not state["rng_restored"]:
         seed_everything(t.seed + d.rank + 1_000_003 * run.step)
@@ -290,7 +292,7 @@ def steps(run: Run, batches: Iterator[Any], mon: Any, stop: StopFlag, stop_at: i
 def train_step(run: Run, batches: Iterator[Any], mon: Any, stop: StopFlag) -> StepResult:
     """One optimizer step over `grad_accum` micro-batches, applied unless it is non-finite or a rollback."""
     t, model = run.cfg.train, run.model
-    lr = lr_at(run.step, t)
+    lr = run.schedule.at(run.step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     loss_sum = torch.zeros((), device=run.d.device)
@@ -401,11 +403,9 @@ def run_eval(run: Run) -> float | None:
 def save(run: Run) -> None:
     """A checkpoint of this step; the data position is the prefetcher's: after the last batch the
     optimizer took, not the read-ahead."""
-    t = run.cfg.train
-    scheduler = {"decay": t.decay, "step": run.step, "lr": lr_at(max(run.step, 1), t)}
     path = run.ckpt.save(run.step, run.model, run.optimizer, {
         "loader": run.prefetcher.state_dict(), "counters": run.counters.to_dict(), "model": run.model_meta,
-        "config": run.cfg.to_dict(), "scheduler": scheduler})
+        "config": run.cfg.to_dict(), "scheduler": run.schedule.record(run.step)})
     run.last_saved = run.step
     run.log.event(run.step, "checkpoint", f"saved {path}")
 
