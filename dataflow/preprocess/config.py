@@ -4,16 +4,21 @@ cannot work."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import fsspec
 
 from dataflow.errors import ConfigError
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size
 from dataflow.preprocess.executors import check_executor
 from dataflow.preprocess.journal import input_digest
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
+from dataflow.preprocess.tiktoken_files import split_spec, tiktoken_spec
 
 MIN_UNIT_SIZE = 64 << 10  # --unit-size below this only multiplies units (a 1-byte unit per input byte)
 
@@ -52,6 +57,7 @@ class TokenizeConfig:
         d["inputs"] = input_digest(inputs)
         d["unit_bytes"] = self.unit_bytes or DEFAULT_UNIT_BYTES  # shards end where bundles end
         d["shard_size"] = parse_size(self.shard_size)
+        d["tokenizer"] = tokenizer_identity(self.tokenizer)
         return json.loads(json.dumps(d))
 
     def check(self) -> None:
@@ -84,3 +90,38 @@ def worker_count(workers: int | str) -> int:
         raise ConfigError(f"--workers {workers}: pass a number of worker processes (1 or more), or auto for one "
                           f"per CPU")
     return workers if workers not in ("auto", 0) else os.cpu_count() or 1
+
+
+def tokenizer_identity(spec: str) -> str:
+    """What the settings record of `--tokenizer`: its file's content (`sha256:HEX`, `tiktoken:sha256:HEX`), not
+    the path it was given by: `./tok.json`, its absolute path and an identical copy are one tokenizer. A spec
+    that names no readable file (`bytes`, or a file gone) stays as it is."""
+    file_spec, pattern = split_spec(spec)
+    if pattern is not None:  # --tiktoken-pattern travels in the spec (tiktoken_files.tiktoken_spec): keep it
+        return tiktoken_spec(tokenizer_identity(file_spec), pattern)
+    prefix, path = ("tiktoken:", spec[len("tiktoken:"):]) if spec.startswith("tiktoken:") else ("", spec)
+    if spec == "bytes" or spec.startswith("sha256:") or path.startswith("sha256:"):
+        return spec
+    stamp = None
+    if "://" not in path:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return spec
+        stamp = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    digest = _content_sha256(path, stamp)
+    return f"{prefix}sha256:{digest}" if digest else spec
+
+
+@functools.lru_cache(maxsize=16)
+def _content_sha256(path: str, stamp: tuple | None) -> str | None:
+    """sha256 of a file or URL (`stamp`: a local file's identity, so that a changed file is read again)."""
+    h = hashlib.sha256()
+    try:
+        with fsspec.open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except (OSError, ValueError):
+        return None
+    return h.hexdigest()
+

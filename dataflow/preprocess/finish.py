@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from dataflow.errors import InputError
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, TokenizerMeta, read_manifest, write_manifest
 from dataflow.preprocess import output
 from dataflow.preprocess.journal import Progress
@@ -65,6 +66,23 @@ def write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, met
     elif not os.listdir(layout.work_root):
         os.rmdir(layout.work_root)  # (a remote run's, with its lock, goes when the lock is released)
     return datasets
+
+
+def refuse_empty(layout: Layout, progress: Progress, files: list[str]) -> None:
+    """An `InputError` instead of a dataset of no document (training on it fails later, far from the cause):
+    the inputs held no record, or every record was bad (and the error log says why, each)."""
+    if progress.documents:
+        return
+    what = files[0] if len(files) == 1 else f"the {len(files)} input files"
+    if progress.errors == 0:  # nothing to show: the run leaves nothing behind
+        shutil.rmtree(layout.work)
+        os.remove(layout.errors)
+        raise InputError(f"{what}: no document read (the input holds no record); check the path and the input "
+                         f"format (JSONL: one JSON object a line)")
+    log = layout.errors
+    raise InputError(f"{what}: no document read: all {progress.errors} records were bad, each listed with its "
+                     f"reason in {log} (JSONL wants one JSON object a line, not one JSON array); fix the input, "
+                     f"then rerun with --overwrite")
 
 
 def finished_counts(layout: Layout) -> tuple[dict[str, dict[str, int]], int, int, int]:

@@ -35,7 +35,7 @@ from dataflow.preprocess import output, ownership, startup
 from dataflow.preprocess.commit import Committer
 from dataflow.preprocess.config import TokenizeConfig, worker_count
 from dataflow.preprocess.executors import Executor, make_executor
-from dataflow.preprocess.finish import copy_tokenizer, finished_counts, write_manifests
+from dataflow.preprocess.finish import copy_tokenizer, finished_counts, refuse_empty, write_manifests
 from dataflow.preprocess.journal import Progress, load_progress
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
@@ -189,6 +189,8 @@ def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Lay
         metas = copy_tokenizer(layout, tok)
         done_units = len(plan.task_units) - sum(map(len, todo))
         progress = _commit_all(cfg, layout, plan, executor.results(), progress, scratch, done_units)
+    if not layout.tasked:  # (a task's slice may hold nothing; the merge of the slices is checked)
+        refuse_empty(layout, progress, files)
     datasets = write_manifests(cfg, layout, progress, metas, files, plan)
     notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
              f"are done"] if layout.tasked else []

@@ -9,6 +9,7 @@ bundles (`run.py`): their shards stay in the scratch folder, which no journal li
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dataflow.errors import ConfigError
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import parse_size
+from dataflow.preprocess.config import tokenizer_identity
 from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
 from dataflow.preprocess import output
 from dataflow.preprocess.layout import Layout
@@ -71,9 +73,11 @@ def refuse_if_different(cfg: TokenizeConfig, plan: TaskPlan, previous: dict[str,
     input files (`previous_inputs`, the list whose digest `previous` holds: added, removed or resized since),
     unless `resuming` that work can go on over them (see `_resumable`)."""
     now = cfg.output_settings(plan.inputs)
+    previous = dict(previous or {})
+    if isinstance(previous.get("tokenizer"), str):  # settings of before recorded the tokenizer's path
+        previous["tokenizer"] = tokenizer_identity(previous["tokenizer"])
     if previous == now:
         return
-    previous = previous or {}
     changed = sorted(k for k in set(now) | set(previous) if previous.get(k) != now.get(k))
     if changed == ["inputs"] and isinstance(previous_inputs, list):
         if resuming is not None and _resumable(plan, previous_inputs, resuming):
@@ -81,8 +85,15 @@ def refuse_if_different(cfg: TokenizeConfig, plan: TaskPlan, previous: dict[str,
         what = _inputs_changed(previous_inputs, plan.inputs)
         raise ConfigError(f"{where} holds work made from other input files ({what}); pass --overwrite to start "
                           f"again from these")
-    raise ConfigError(f"{where} holds work made with other settings ({', '.join(changed) or 'unknown'}); "
+    said = "; ".join(f"{k} was {_shown(previous.get(k))}, now {_shown(now.get(k))}" for k in changed[:3])
+    raise ConfigError(f"{where} holds work made with other settings ({', '.join(changed) or 'unknown'}): {said}; "
                       f"pass --overwrite to replace it")
+
+
+def _shown(value: Any) -> str:
+    """A setting's value in a message: JSON text, at most 80 characters."""
+    text = "none" if value is None else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _resumable(plan: TaskPlan, before: list[Any], progress: Progress) -> bool:

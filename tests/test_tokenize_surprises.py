@@ -1,0 +1,80 @@
+"""What a new user meets: an input with no document is one line (exit 1), not a dataset that fails training later;
+the tokenizer is the same whatever path names it; a refused rerun names the setting and both values."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import zstandard
+
+from test_tokenize_scale import DATAFLOW
+
+ARGS = ["--no-progress"]
+
+
+def kjv_lines(kjv) -> list[bytes]:
+    with open(kjv, "rb") as f:
+        return zstandard.ZstdDecompressor().stream_reader(f).read().splitlines(keepends=True)
+
+
+def tokenize(*args, cwd=None):
+    return subprocess.run([*DATAFLOW, "tokenize", *map(str, args), *ARGS], capture_output=True, text=True, cwd=cwd,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"", "no document read (the input holds no record)"),
+    (b"\n\n", "no document read"),
+    (b'[{"text": "a"}, {"text": "b"}]\n', "all 1 records were bad"),
+    (b'not json\n{"title": "no text"}\n', "all 2 records were bad"),
+])
+def test_an_input_without_a_document_is_one_line_not_an_empty_dataset(tmp_path, content, said):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(content)
+    p = tokenize(src, "-o", tmp_path / "out")
+    assert p.returncode == 1 and said in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "out" / "index.json").exists()
+    if "bad" in said:  # where the records went
+        assert "_errors.jsonl" in p.stderr and (tmp_path / "out" / "_errors.jsonl").read_text().count("\n") >= 1
+
+
+def test_the_tokenizer_is_its_content_not_its_path(tmp_path, kjv):
+    from conftest import GPT2_JSON
+
+    (tmp_path / "in.jsonl").write_bytes(b"".join(kjv_lines(kjv)[:30]))
+    shutil.copy(GPT2_JSON, tmp_path / "tok.json")
+    shutil.copy(GPT2_JSON, tmp_path / "copy.json")
+    assert tokenize("in.jsonl", "-o", "out", "--tokenizer", "tok.json", cwd=tmp_path).returncode == 0
+    for spelling in ("./tok.json", str(tmp_path / "tok.json"), "copy.json"):
+        p = tokenize("in.jsonl", "-o", "out", "--tokenizer", spelling, cwd=tmp_path)
+        assert p.returncode == 0 and "already complete" in p.stdout, (spelling, p.stderr)
+    p = tokenize("in.jsonl", "-o", "out", cwd=tmp_path)  # another tokenizer: both named
+    assert p.returncode == 2 and "other settings (tokenizer):" in p.stderr and '"bytes"' in p.stderr
+    assert "sha256:" + __import__("hashlib").sha256(open(GPT2_JSON, "rb").read()).hexdigest() in p.stderr
+
+
+def test_a_dataset_of_before_with_the_tokenizers_path_in_its_settings_still_reruns(tmp_path, kjv):
+    """Manifests written before the tokenizer's identity was its content hold its path: same file, same run."""
+    from conftest import GPT2_JSON
+
+    (tmp_path / "in.jsonl").write_bytes(b"".join(kjv_lines(kjv)[:20]))
+    shutil.copy(GPT2_JSON, tmp_path / "tok.json")
+    assert tokenize("in.jsonl", "-o", "out", "--tokenizer", "tok.json", cwd=tmp_path).returncode == 0
+    manifest = json.loads((tmp_path / "out" / "index.json").read_text())
+    manifest["provenance"]["settings"]["tokenizer"] = "tok.json"
+    (tmp_path / "out" / "index.json").write_text(json.dumps(manifest))
+    p = tokenize("in.jsonl", "-o", "out", "--tokenizer", "./tok.json", cwd=tmp_path)
+    assert p.returncode == 0 and "already complete" in p.stdout, p.stderr
+
+
+def test_a_refused_rerun_names_each_setting_with_both_values(tmp_path, kjv):
+    p = tokenize(kjv, "-o", tmp_path / "out", "--shard-size", "1MB")
+    assert p.returncode == 0, p.stderr
+    p = tokenize(kjv, "-o", tmp_path / "out", "--shard-size", "2MB", "--val-fraction", "0.1")
+    assert p.returncode == 2
+    assert "other settings (shard_size, val_fraction):" in p.stderr
+    assert "shard_size was 1048576, now 2097152" in p.stderr and "val_fraction was 0.0, now 0.1" in p.stderr
