@@ -78,3 +78,10 @@ def test_a_refused_rerun_names_each_setting_with_both_values(tmp_path, kjv):
     assert p.returncode == 2
     assert "other settings (shard_size, val_fraction):" in p.stderr
     assert "shard_size was 1048576, now 2097152" in p.stderr and "val_fraction was 0.0, now 0.1" in p.stderr
+
+
+@pytest.mark.parametrize("out", ["out.json", "out.json/"])
+def test_an_output_folder_named_like_a_manifest_is_refused_before_any_work(tmp_path, kjv, out):
+    p = tokenize(kjv, "-o", tmp_path / out)
+    assert p.returncode == 2 and "name the folder without .json" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "out.json").exists()

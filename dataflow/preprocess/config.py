@@ -64,6 +64,9 @@ class TokenizeConfig:
         """Refuse settings that cannot work or contradict each other: one `ConfigError` line naming the flag."""
         if not self.out:
             raise ConfigError("-o/--out is empty; pass the folder or URL to write the dataset to")
+        if self.out.rstrip("/").endswith(".json"):
+            raise ConfigError(f"-o {self.out}: a dataset is a folder, and a path ending in .json names a manifest "
+                              f"file to every reader (verify, decode, the loader); name the folder without .json")
         worker_count(self.workers)
         check_executor(self.executor)
         if not 0 <= self.val_fraction < 1:
