@@ -13,7 +13,8 @@ from typing import Any
 
 import fsspec
 
-from dataflow.errors import ConfigError
+from dataflow.errors import ConfigError, cause
+from dataflow.formats.remote_errors import missing_backend
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size
 from dataflow.preprocess.executors import check_executor
 from dataflow.preprocess.journal import input_digest
@@ -124,6 +125,8 @@ def _content_sha256(path: str, stamp: tuple | None) -> str | None:
         with fsspec.open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
+    except ImportError as e:  # gcsfs for gs://, ...: one line naming the extra
+        raise missing_backend(path, e) from cause(e)
     except (OSError, ValueError):
         return None
     return h.hexdigest()

@@ -27,7 +27,7 @@ import fsspec
 from dataflow.errors import ConfigError, CredentialsError, DataflowError, UnreachableError, cause
 from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, manifest_url
-from dataflow.formats.remote_errors import explain
+from dataflow.formats.remote_errors import explain, missing_backend
 
 
 def join(base: str, name: str) -> str:
@@ -43,10 +43,19 @@ def local_work_root(out: str) -> str:
     return os.path.join(default_cache_dir(), "tokenize-work", hashlib.sha256(key).hexdigest()[:16])
 
 
+def filesystem(url: str) -> tuple[Any, str]:
+    """fsspec's filesystem and path for `url`; a backend that is not installed (gcsfs for gs://, ...) is one
+    line naming the extra to install."""
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as e:
+        raise missing_backend(url, e) from cause(e)
+
+
 def location_key(url: str) -> str:
     """`url` as the place it names: the backend, its endpoint (S3-compatible stores) and the path with
     repeated, trailing and `.` slashes taken out."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = filesystem(url)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     path = posixpath.normpath("/" + re.sub("/+", "/", path)).lstrip("/")
     return json.dumps([protocol, _endpoint(fs), path])

@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dataflow.errors import ConfigError
+from dataflow.errors import ConfigError, cause
+from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import parse_size
 from dataflow.preprocess.config import tokenizer_identity
@@ -168,7 +169,13 @@ def proves_an_engine(cfg: TokenizeConfig) -> bool:
 def proven_tokenizer(cfg: TokenizeConfig) -> Tokenizer:
     """The tokenizer with its engine chosen and proven (about a second when this machine remembers the
     proof). Loaded before the workers start: forked workers inherit it instead of each loading it again."""
-    return load_tokenizer(cfg.tokenizer, cfg.engine)
+    try:
+        return load_tokenizer(cfg.tokenizer, cfg.engine)
+    except Exception as e:  # noqa: BLE001  (a tokenizer URL: its backend missing, no credentials, ...)
+        known = explain(cfg.tokenizer, e) if "://" in cfg.tokenizer else None
+        if known is None:
+            raise
+        raise known from cause(e)
 
 
 def check_on_input(cfg: TokenizeConfig, tok: Tokenizer, units: list[Unit]) -> Tokenizer:
