@@ -123,3 +123,17 @@ def test_make_demo_twice_keeps_the_second_runs_checkpoints(tmp_path):
     subprocess.run(demo + ["--steps", "40"], cwd=ROOT, check=True, capture_output=True, timeout=900)
     second = run_ids(ck)
     assert sorted(second) == [30, 40] and not set(second.values()) & set(first.values())
+
+
+@pytest.mark.heavy  # two processes on gloo (make test-all)
+def test_a_replacing_run_under_torchrun_deletes_once_and_every_rank_starts_after(data, old_run):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainer",
+           "--config", "demo"]
+    for s in settings(data, old_run, "train.steps=4", "data.batch_size=2", "checkpoint.resume=none",
+                      "checkpoint.replace=true"):
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("deleted another run's checkpoints") == 1  # said once, by the main rank
+    ids = run_ids(old_run)
+    assert sorted(ids) == [2, 4] and len(set(ids.values())) == 1

@@ -253,7 +253,7 @@ class Checkpointer:
             for _, path in found[2]:
                 shutil.rmtree(path)
             say(f"checkpoint.replace = true: deleted {found[0]} checkpoints in {self.root}: {_names(found[2])}")
-        if found:
+        if replace and self.root:  # every rank (whatever it found while the main one deleted) waits for that
             _barrier(self.d)
         return resumed
 
