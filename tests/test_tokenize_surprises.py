@@ -85,3 +85,29 @@ def test_an_output_folder_named_like_a_manifest_is_refused_before_any_work(tmp_p
     p = tokenize(kjv, "-o", tmp_path / out)
     assert p.returncode == 2 and "name the folder without .json" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "out.json").exists()
+
+
+def test_ids_are_tokenizers_own_with_special_token_strings_read_as_text(tmp_path, kjv):
+    """README's exactness claim, as it is stated there: the ids of every document are `tokenizers`' own
+    `encode(text, add_special_tokens=False)` with `encode_special_tokens=True` (a special token's string inside
+    a document is ordinary text), then the EOS; with `tokenizers`' defaults the documents holding such a
+    string would differ, and only those."""
+    from tokenizers import Tokenizer
+
+    from conftest import GPT2_JSON
+    from dataflow import StreamingDataset
+
+    texts = [json.loads(line)["text"] for line in kjv_lines(kjv)[:200]]
+    texts += ["a<|endoftext|>b", "<|endoftext|>", "end of text <|endoftext|>\n\n<|endoftext|> again"]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n"
+                                               for i, t in enumerate(texts)))
+    p = tokenize(tmp_path / "in.jsonl", "-o", tmp_path / "out", "--tokenizer", GPT2_JSON)
+    assert p.returncode == 0, p.stderr
+    got = {d["id"]: d["tokens"].tolist() for d in StreamingDataset(str(tmp_path / "out"), shuffle=False)}
+    as_text, parsed = Tokenizer.from_file(str(GPT2_JSON)), Tokenizer.from_file(str(GPT2_JSON))
+    as_text.encode_special_tokens = True
+    eos = as_text.token_to_id("<|endoftext|>")
+    for i, text in enumerate(texts):
+        assert got[str(i)] == as_text.encode(text, add_special_tokens=False).ids + [eos]
+        differs = parsed.encode(text, add_special_tokens=False).ids + [eos] != got[str(i)]
+        assert differs == ("<|endoftext|>" in text)
