@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import write_random_dataset
+from trainer_support import set_args, tiny_dataset, tiny_settings
 from dataflow.errors import ConfigError
 from trainer.__main__ import main
 from trainer.checkpoint import STATE_FILE, complete_checkpoints
@@ -24,16 +24,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> pathlib.Path:
-    return pathlib.Path(write_random_dataset(tmp_path_factory.mktemp("runs") / "data", docs=60, seed=5,
-                                             min_len=100, max_len=400))
+    return tiny_dataset(tmp_path_factory.mktemp("runs") / "data")
 
 
 def settings(data: pathlib.Path, ck: pathlib.Path, *extra: str) -> list[str]:
-    """A tiny model on CPU, a checkpoint every 2 steps, the newest 2 kept."""
-    return [f"data.path={data}", "data.seq_len=32", "data.batch_size=4", "data.num_workers=0",
-            "model.n_layer=1", "model.n_head=2", "model.d_model=32", "train.warmup_steps=1",
-            "train.precision=fp32", "train.device=cpu", "train.eval_every=0", f"checkpoint.dir={ck}",
-            "checkpoint.every=2", "checkpoint.keep=2", "log.jsonl=", *extra]
+    """A tiny model, a checkpoint every 2 steps, the newest 2 kept."""
+    return tiny_settings(data, ck, "train.warmup_steps=1", "checkpoint.every=2", "checkpoint.keep=2", "log.jsonl=",
+                         *extra)
 
 
 def run(data: pathlib.Path, ck: pathlib.Path, *extra: str) -> dict:
@@ -57,10 +54,8 @@ def old_run(data, tmp_path) -> pathlib.Path:
 
 def test_a_new_run_into_another_runs_folder_is_refused_in_one_line(data, old_run, capsys):
     before = run_ids(old_run)
-    args = ["--config", "demo"]
-    for s in settings(data, old_run, "train.steps=4", "checkpoint.resume=none"):
-        args += ["--set", s]
-    assert main(args) == 2
+    sets = settings(data, old_run, "train.steps=4", "checkpoint.resume=none")
+    assert main(["--config", "demo", *set_args(sets)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(old_run) in err, err
     assert "step-000004" in err and "step-000006" in err  # what is there
@@ -127,11 +122,10 @@ def test_make_demo_twice_keeps_the_second_runs_checkpoints(tmp_path):
 
 @pytest.mark.heavy  # two processes on gloo (make test-all)
 def test_a_replacing_run_under_torchrun_deletes_once_and_every_rank_starts_after(data, old_run):
+    sets = settings(data, old_run, "train.steps=4", "data.batch_size=2", "checkpoint.resume=none",
+                    "checkpoint.replace=true")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainer",
-           "--config", "demo"]
-    for s in settings(data, old_run, "train.steps=4", "data.batch_size=2", "checkpoint.resume=none",
-                      "checkpoint.replace=true"):
-        cmd += ["--set", s]
+           "--config", "demo", *set_args(sets)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("deleted another run's checkpoints") == 1  # said once, by the main rank

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import write_random_dataset
+from trainer_support import set_args, tiny_dataset, tiny_settings
 from trainer.checkpoint import complete_checkpoints
 from trainer.config import load_config
 from trainer.loop import train
@@ -28,16 +28,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> pathlib.Path:
-    return pathlib.Path(write_random_dataset(tmp_path_factory.mktemp("group-signal") / "data", docs=200, seed=3,
-                                             min_len=100, max_len=600))
+    return tiny_dataset(tmp_path_factory.mktemp("group-signal") / "data", docs=200)
 
 
 def settings(data: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
-    """A tiny model on CPU with two loader workers; it would train for ever, saving only when it stops."""
-    return [f"data.path={data}", "data.seq_len=32", "data.batch_size=4", "data.num_workers=2",
-            "model.n_layer=1", "model.n_head=2", "model.d_model=32", "train.steps=100000", "train.warmup_steps=2",
-            "train.precision=fp32", "train.device=cpu", "train.eval_every=0", f"checkpoint.dir={out / 'ck'}",
-            "checkpoint.every=100000", f"log.jsonl={out / 'metrics.jsonl'}", "log.every=1", *extra]
+    """A tiny model with two loader workers; it would train for ever, saving only when it stops."""
+    return tiny_settings(data, out / "ck", "data.num_workers=2", "train.steps=100000", "train.warmup_steps=2",
+                         "checkpoint.every=100000", f"log.jsonl={out / 'metrics.jsonl'}", "log.every=1", *extra)
 
 
 def signal_group_while_training(cmd: list[str], sig: int, timeout: float = 240) -> tuple[int, str, str]:
@@ -80,9 +77,7 @@ def assert_stopped_with_a_checkpoint(out: pathlib.Path, stdout: str, stderr: str
 @pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.heavy)],
                          ids=["SIGINT", "SIGTERM"])  # the same path twice: the second in make test-all
 def test_one_signal_to_the_process_group_stops_with_a_checkpoint_and_exits_0(data, tmp_path, sig):
-    cmd = [sys.executable, "-m", "trainer", "--config", "demo"]
-    for s in settings(data, tmp_path):
-        cmd += ["--set", s]
+    cmd = [sys.executable, "-m", "trainer", "--config", "demo", *set_args(settings(data, tmp_path))]
     code, stdout, stderr = signal_group_while_training(cmd, sig)
     assert code == 0, stdout[-2000:] + stderr[-3000:]
     assert f"{signal.Signals(sig).name}: stopping after the current step" in stderr
@@ -97,9 +92,7 @@ def test_one_signal_to_the_process_group_stops_with_a_checkpoint_and_exits_0(dat
 def test_a_signal_to_torchrun_stops_every_rank_with_a_checkpoint(data, tmp_path, sig):
     """torchrun's agent passes the signal to each rank's process group (rank and loader workers): one signal."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "trainer", "--config", "demo"]
-    for s in settings(data, tmp_path, "data.batch_size=2"):
-        cmd += ["--set", s]
+           "-m", "trainer", "--config", "demo", *set_args(settings(data, tmp_path, "data.batch_size=2"))]
     code, stdout, stderr = signal_group_while_training(cmd, sig, timeout=300)
     assert "forcefully exiting" not in stderr, stderr[-3000:]  # every rank left inside the agent's grace period
     step = assert_stopped_with_a_checkpoint(tmp_path, stdout, stderr)

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from conftest import write_random_dataset
+from trainer_support import tiny_dataset, tiny_settings
 from trainer.config import TrainConfig, load_config
 from trainer.loop import train
 from trainer.optim import Schedule, lr_at
@@ -19,18 +19,14 @@ LR, MIN_LR, WARMUP = 3e-3, 3e-4, 2
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> pathlib.Path:
-    return pathlib.Path(write_random_dataset(tmp_path_factory.mktemp("schedule") / "data", docs=60, seed=7,
-                                             min_len=100, max_len=400))
+    return tiny_dataset(tmp_path_factory.mktemp("schedule") / "data", seed=7)
 
 
 def run(data: pathlib.Path, out: pathlib.Path, log: str, *extra: str) -> dict[int, float]:
     """Train a tiny model (checkpoints in out/ck every 2 steps) and return the lr of each step it trained."""
-    train(load_config("demo", [
-        f"data.path={data}", "data.seq_len=32", "data.batch_size=4", "data.num_workers=0", "model.n_layer=1",
-        "model.n_head=2", "model.d_model=32", f"train.lr={LR}", f"train.min_lr={MIN_LR}",
-        f"train.warmup_steps={WARMUP}", "train.precision=fp32", "train.device=cpu", "train.eval_every=0",
-        f"checkpoint.dir={out / 'ck'}", "checkpoint.every=2", "checkpoint.keep=5", f"log.jsonl={out / log}",
-        "log.every=1", *extra]))
+    train(load_config("demo", tiny_settings(
+        data, out / "ck", f"train.lr={LR}", f"train.min_lr={MIN_LR}", f"train.warmup_steps={WARMUP}",
+        "checkpoint.every=2", "checkpoint.keep=5", f"log.jsonl={out / log}", "log.every=1", *extra)))
     return {r["step"]: r["lr"] for r in map(json.loads, (out / log).read_text().splitlines()) if "lr" in r}
 
 
