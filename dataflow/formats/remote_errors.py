@@ -32,6 +32,7 @@ _NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialR
 _UNREACHABLE = {"ClientConnectorError", "ClientConnectorDNSError", "ClientConnectorCertificateError",
                 "ServerTimeoutError", "ConnectionTimeoutError", "EndpointConnectionError", "ConnectTimeoutError",
                 "ConnectionRefusedError", "gaierror", "ConnectError", "ServiceRequestError"}
+QUOTED_CHARS = 200  # the most of an error's own text that a message quotes
 _DENIED_WORDS = ("AccessDenied", "Access Denied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden",
                  "ExpiredToken", "AuthorizationFailure", "AuthenticationFailed")
 
@@ -82,20 +83,20 @@ def missing_backend(url: str, e: BaseException) -> MissingDependencyError:
 
 def no_credentials(url: str, e: BaseException) -> CredentialsError:
     hint = CREDENTIALS_HINT.get(scheme(url), "pass credentials in storage_options")
-    return CredentialsError(f"{url}: no credentials found ({_first_line(e)}); {hint}; {DOCS}")
+    return CredentialsError(f"{url}: no credentials found ({first_line(e)}); {hint}; {DOCS}")
 
 
 def denied(url: str, e: BaseException) -> DataflowError:
     if scheme(url) == "file":
-        return ConfigError(f"{url}: permission denied ({_first_line(e)}); check the file's and folders' permissions")
+        return ConfigError(f"{url}: permission denied ({first_line(e)}); check the file's and folders' permissions")
     hint = CREDENTIALS_HINT.get(scheme(url), "check the credentials in storage_options")
-    return CredentialsError(f"{url}: access denied ({_first_line(e)}); the credentials in use cannot read it: "
+    return CredentialsError(f"{url}: access denied ({first_line(e)}); the credentials in use cannot read it: "
                             f"check them and the bucket's permissions ({hint})")
 
 
 def unreachable(url: str, e: BaseException) -> UnreachableError:
     host = urlsplit(url).netloc if scheme(url) in ("http", "https") else f"the {scheme(url)}:// endpoint"
-    return UnreachableError(f"{url}: cannot reach {host} ({_first_line(e)}); check the URL, the network, "
+    return UnreachableError(f"{url}: cannot reach {host} ({first_line(e)}); check the URL, the network, "
                             f"proxies and, for S3-compatible stores, the endpoint_url; {DOCS}")
 
 
@@ -107,7 +108,7 @@ def server_error(e: BaseException) -> BaseException | None:
 
 def read_failed(url: str, e: BaseException) -> StorageError:
     """Any other failure to read a remote file (a server error, a broken transfer)."""
-    return StorageError(f"{url}: cannot read it ({type(e).__name__}: {_first_line(e)}); check the URL and the "
+    return StorageError(f"{url}: cannot read it ({type(e).__name__}: {first_line(e)}); check the URL and the "
                         "server, then retry")
 
 
@@ -116,6 +117,9 @@ def _status(e: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def _first_line(e: BaseException) -> str:
-    text = (str(e) or type(e).__name__).strip().splitlines()[0]
-    return text if len(text) <= 200 else text[:197] + "..."
+def first_line(e: BaseException, limit: int = QUOTED_CHARS) -> str:
+    """What an error says, as a message quotes it: its first non-blank line, at most `limit` characters. A
+    server that answers garbage makes an exception of its bytes (tens of KB escaped on one line), and a
+    message quotes only a few hundred characters of what it received."""
+    text = next((line.strip() for line in str(e).splitlines() if line.strip()), "") or type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."

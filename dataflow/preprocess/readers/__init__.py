@@ -12,7 +12,7 @@ as blocks of consecutive records (`read_unit_blocks`). Everything a kind knows l
   coordinator's cut of one compressed JSONL stream into pieces for the workers, made by a process of its own
   that starts before the tokenizer loads (`cut_process.py`, `read_bundles`).
 
-`listing.py` names files and kinds; `records.py` holds the `Block` every reader yields; Arrow arrays are
+`listing.py` names files and kinds, and refuses what no reader reads before any work (`not_inputs.py`); `records.py` holds the `Block` every reader yields; Arrow arrays are
 built through `dataflow.formats.arrays`, which never wakes pandas.
 """
 

@@ -27,6 +27,8 @@ import fsspec
 import zstandard
 
 from dataflow.errors import InputError, cause
+from dataflow.formats import remote
+from dataflow.formats.remote_errors import explain, first_line, read_failed
 from dataflow.preprocess.readers.listing import split_compression
 
 ZSTD_MAGIC = 0xFD2FB528
@@ -206,9 +208,13 @@ def read_errors(url: str) -> Iterator[None]:
         raise truncated(url, str(e)) from cause(e)
     except (zstandard.ZstdError, gzip.BadGzipFile, zlib.error, lzma.LZMAError) as e:
         raise damaged(url, str(e)) from cause(e)
-    except OSError as e:  # bz2 says "Invalid data stream" with an OSError
-        first = (str(e).strip().splitlines() or [""])[0]  # a backend's message may span lines (huggingface_hub)
-        raise InputError(f"{url}: cannot read ({type(e).__name__}: {first})") from cause(e)
+    except Exception as e:  # noqa: BLE001  (a remote backend's own types: aiohttp's, botocore's, ...)
+        known = explain(url, e) if remote.is_remote(url) else None
+        if known is None and remote.is_remote(url) and (remote.transient(e) or remote.status(e) is not None):
+            known = read_failed(url, e)  # a server that kept failing, past the retries of the read
+        if known is None and not isinstance(e, OSError):  # bz2 says "Invalid data stream" with an OSError
+            raise
+        raise known or InputError(f"{url}: cannot read ({type(e).__name__}: {first_line(e)})") from cause(e)
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ import fsspec
 import pyarrow as pa
 
 from dataflow.errors import ConfigError, InputError
+from dataflow.formats.remote_errors import first_line
 from dataflow.preprocess.readers.parquet import table_blocks
 from dataflow.preprocess.readers.records import Block, Span
 
@@ -32,14 +33,18 @@ SAVE_AGAIN = "the folder is incomplete or damaged; save it again with `save_to_d
 
 
 def data_files(fs: fsspec.AbstractFileSystem, folder: str) -> list[str]:
-    """The Arrow files of a `save_to_disk` folder, in the order its state.json lists them."""
+    """The Arrow files of a `save_to_disk` folder, in the order its state.json lists them. A file listed twice
+    is read twice: `datasets.load_from_disk` reads such a folder so (save_to_disk never writes one)."""
     state_path = posixpath.join(folder, STATE)
     try:
         with fs.open(state_path, "rb") as f:
-            listed = [entry["filename"] for entry in json.load(f)["_data_files"]]
-    except (ValueError, KeyError, TypeError) as e:
-        raise InputError(f"{state_path}: not a `datasets` state file ({type(e).__name__}: {e}); {SAVE_AGAIN}") \
-            from None
+            entries = json.load(f)["_data_files"]
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise InputError(f"{state_path}: not a `datasets` state file ({type(e).__name__}: {first_line(e)}); "
+                         f"{SAVE_AGAIN}") from None
+    if not isinstance(entries, list):
+        raise InputError(f"{state_path}: its _data_files is not a list of files; {SAVE_AGAIN}")
+    listed = [_filename(state_path, entry) for entry in entries]
     files = [posixpath.join(folder, name) for name in listed]
     for name, path in zip(listed, files):
         if "/" in name or name in ("", ".", "..") or not fs.isfile(path):
@@ -47,6 +52,17 @@ def data_files(fs: fsspec.AbstractFileSystem, folder: str) -> list[str]:
     if not files:
         raise InputError(f"{state_path} lists no data files; {SAVE_AGAIN}")
     return files
+
+
+def _filename(state_path: str, entry: object) -> str:
+    """One `_data_files` entry's file name: `{"filename": "data-00000-of-00001.arrow"}`."""
+    name = entry.get("filename") if isinstance(entry, dict) else None
+    if not isinstance(name, str):
+        shown = json.dumps(entry, default=str)
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        raise InputError(f"{state_path} lists the data file {shown}, not {{\"filename\": NAME}} with a string NAME; "
+                         f"{SAVE_AGAIN}")
+    return name
 
 
 def refuse_dict(fs: fsspec.AbstractFileSystem, folder: str) -> None:
@@ -149,4 +165,4 @@ def _batches(url: str, reader: pa.ipc.RecordBatchStreamReader, source: IO[bytes]
 
 
 def _damaged(url: str, e: Exception) -> InputError:
-    return InputError(f"{url}: not a readable Arrow stream ({type(e).__name__}: {e}); {SAVE_AGAIN}")
+    return InputError(f"{url}: not a readable Arrow stream ({type(e).__name__}: {first_line(e)}); {SAVE_AGAIN}")

@@ -21,11 +21,11 @@ from typing import IO, TYPE_CHECKING, Iterator
 import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dataflow.preprocess.readers.compressed import open_decompressed
 from dataflow.preprocess.readers.listing import split_compression
-from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Record, Span, block_of, checked, missing_errors
+from dataflow.preprocess.readers.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
+                                                 id_text, missing_errors)
 
 if TYPE_CHECKING:
     from dataflow.preprocess.readers.records import Unit
@@ -206,7 +206,7 @@ def _pyarrow_jsonl(chunk: bytes | pa.Buffer, text_field: str, id_field: str, lin
         if table.num_rows != lines:  # blank lines, or two objects on one line: json.loads says which
             return None
         texts = table.column(text_field).combine_chunks()
-        ids = pc.cast(table.column(id_field).combine_chunks(), pa.string())
+        ids = id_column(table.column(id_field).combine_chunks())
         return Block(texts, ids, missing_errors(texts, f"missing field {text_field!r}"))
     return None
 
@@ -222,8 +222,7 @@ def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> R
         return Record(index, None, None, "JSON nested too deeply to parse")
     if not isinstance(obj, dict):
         return Record(index, None, None, "not a JSON object")
-    doc_id = obj.get(id_field)  # a number, true/false, an object: the id is its JSON text, as written
-    doc_id = None if doc_id is None else doc_id if isinstance(doc_id, str) else json.dumps(doc_id, ensure_ascii=False)
+    doc_id = id_text(obj.get(id_field))  # a number, true/false, an object: the id is its JSON text
     text = obj.get(text_field)
     if text is None:
         return Record(index, doc_id, None, f"missing field {text_field!r}")

@@ -3,7 +3,9 @@
 The kind of a file comes from its name (`input_kind`): JSONL, Parquet or text, each optionally compressed,
 or the Arrow stream files of a `datasets` folder. A folder written by `datasets`' `save_to_disk` stands for
 its Arrow files in stored order (its JSON metadata is not input); a folder walked for inputs may hold such
-folders.
+folders. A local walk follows links to folders. Whatever no reader reads is refused here, before any work
+(`not_inputs.py`: a FIFO or device, a dataflow dataset or shard, an Arrow IPC file). A remote listing is a
+first contact: retried on transient failures (`remote.with_retries`), then one line.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import glob
 import os
 import posixpath
+from typing import Callable
 
 import fsspec
 
-from dataflow.errors import ConfigError, InputError, InputNotFoundError, MissingDependencyError
-from dataflow.formats.remote_errors import explain, missing_backend
-from dataflow.preprocess.readers import datasets_folder
+from dataflow.errors import ConfigError, DataflowError, InputError, InputNotFoundError, MissingDependencyError, cause
+from dataflow.formats import remote
+from dataflow.formats.remote_errors import explain, first_line, missing_backend, read_failed
+from dataflow.preprocess.readers import datasets_folder, not_inputs
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)
@@ -48,21 +52,40 @@ def input_kind(url: str) -> str:
     raise InputNotFoundError(f"{url}: unsupported input type; expected {INPUT_TYPES}")
 
 
-def expand_inputs(inputs: list[str]) -> list[str]:
-    """Paths, globs, directories and URLs -> a sorted, de-duplicated list of input files."""
+def expand_inputs(inputs: list[str], leave_out: Callable[[str], bool] | None = None) -> list[str]:
+    """Paths, globs, directories and URLs -> the input files: each input's sorted, a `datasets` folder's in
+    its stored order (a file its state lists twice comes twice, as `datasets` reads it); a file two inputs
+    name is read once. `leave_out(path)`: files that are not inputs whatever their name (a run's own output
+    in a folder of inputs). Everything is checked before any work: see `not_inputs.py`."""
     files: list[str] = []
+    seen: set[str] = set()
     for item in inputs:
-        try:
-            files += _expand_one(item)
-        except ImportError as e:
-            raise _missing(item, e) from None
-        except Exception as e:  # noqa: BLE001  (backends raise their own types: httpx's for hf://, ...)
-            known = explain(item, e)
-            if known is None and not isinstance(e, (OSError, ValueError)):
-                raise
-            raise known or InputError(f"{item}: cannot list or open ({type(e).__name__}: {_first_line(e)})") \
-                from None
-    return list(dict.fromkeys(files))
+        for key, group in _listed(item, leave_out):
+            if key not in seen:  # a folder's files come as its state lists them; a file named twice once
+                files += [f for f in group if len(group) > 1 or f not in seen]
+                seen.update(group, [key])
+    return files
+
+
+def _listed(item: str, leave_out: Callable[[str], bool] | None) -> list[tuple[str, list[str]]]:
+    """`_expand_one(item)`, a remote listing retried on transient failures (`remote.with_retries`); what
+    still fails is one line."""
+    try:
+        if remote.is_remote(item):
+            return remote.with_retries(item, lambda: _expand_one(item, leave_out))
+        return _expand_one(item, leave_out)
+    except ImportError as e:
+        raise _missing(item, e) from None
+    except DataflowError:
+        raise
+    except Exception as e:  # noqa: BLE001  (backends raise their own types: httpx's for hf://, aiohttp's, ...)
+        known = explain(item, e)
+        if known is None and remote.is_remote(item):
+            known = read_failed(item, e)
+        if known is None and not isinstance(e, (OSError, ValueError)):
+            raise
+        raise known or InputError(f"{item}: cannot list or open ({type(e).__name__}: {first_line(e)})") \
+            from cause(e)
 
 
 def _missing(item: str, e: ImportError) -> MissingDependencyError:
@@ -80,35 +103,49 @@ def _hub_hint(item: str) -> str:
             if item.lower().startswith("hf://") else "")
 
 
-def _first_line(e: BaseException) -> str:
-    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
-
-
-def _expand_one(item: str) -> list[str]:
+def _expand_one(item: str, leave_out: Callable[[str], bool] | None = None) -> list[tuple[str, list[str]]]:
+    """The files of one input, as (what names them once: a file, or a `datasets` folder, its files)."""
     fs, _, paths = fsspec.get_fs_token_paths(item)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    found: list[str] = []
+    local = protocol in ("file", "local")
+    found: list[tuple[str, list[str]]] = []
     if glob.has_magic(item):
-        found = sorted(fs.glob(paths[0]) if len(paths) == 1 else paths)
+        found = [(f, [f]) for f in sorted(fs.glob(paths[0]) if len(paths) == 1 else paths)]
     else:
         for p in paths:
             if fs.isdir(p):
-                found += _walk(fs, p)
-            elif fs.exists(p):
-                found.append(p)
+                found += _walk(fs, p, local)
+            elif fs.exists(p) or (local and os.path.islink(p)):
+                found.append((p, [p]))
             else:
                 raise InputNotFoundError(f"{item}: no such file or directory; check the path{_hub_hint(item)}")
+    found = [(key, kept) for key, group in found if (kept := [f for f in group if not (leave_out and leave_out(f))])]
     if not found:
         raise InputNotFoundError(f"{item}: matched no input files; check the path or pattern{_hub_hint(item)} "
                                  f"(inputs: {INPUT_TYPES})")
-    return [f if protocol in ("file", "local") else fs.unstrip_protocol(f) for f in found]
+    for key, group in found:
+        _check(fs, key, group, local)
+    return [(key, group) if local else (fs.unstrip_protocol(key), [fs.unstrip_protocol(f) for f in group])
+            for key, group in found]
 
 
-def _walk(fs: fsspec.AbstractFileSystem, folder: str) -> list[str]:
+def _check(fs: fsspec.AbstractFileSystem, key: str, group: list[str], local: bool) -> None:
+    """Refuse what no reader reads (`not_inputs.py`): a local file that is not a regular one, a dataflow
+    dataset, an Arrow IPC file named as input."""
+    for f in group if local else ():
+        not_inputs.check_regular(f)
+    if len(group) == 1 and key == group[0]:  # a file named, globbed or walked (not a `datasets` folder's)
+        if not_inputs.is_dataflow_manifest(fs, key):
+            raise not_inputs.dataset_refused(posixpath.dirname(key))
+        if input_kind(key) == "arrow":
+            not_inputs.check_arrow(fs, key)
+
+
+def _walk(fs: fsspec.AbstractFileSystem, folder: str, local: bool) -> list[tuple[str, list[str]]]:
     """The inputs under a folder, sorted; each `datasets` folder in it gives its Arrow files in stored order
     where its first file sorts, a DatasetDict folder is refused. Other `.arrow` files are not inputs here
     (a dataset made by `dataflow tokenize` holds some)."""
-    names = sorted(fs.find(folder))
+    names = _local_files(folder) if local else sorted(fs.find(folder))
     held = {posixpath.dirname(f) for f in names if posixpath.basename(f) == datasets_folder.STATE}
     for f in names:
         if posixpath.basename(f) == datasets_folder.DICT:
@@ -121,7 +158,28 @@ def _walk(fs: fsspec.AbstractFileSystem, folder: str) -> list[str]:
                 out.append(home)  # a placeholder, replaced by the folder's files below
         elif _is_input(f) and input_kind(f) != "arrow":
             out.append(f)
-    return [x for f in out for x in (datasets_folder.data_files(fs, f) if f in held else [f])]
+    return [(f, datasets_folder.data_files(fs, f)) if f in held else (f, [f]) for f in out]
+
+
+def _local_files(folder: str) -> list[str]:
+    """Every file under a local folder, sorted, through links to folders too (a corpus on a cluster is often
+    linked in from elsewhere; fsspec's `find` does not follow them); a link to a folder it lies in is a
+    loop, refused in one line."""
+    files: list[str] = []
+    todo = [(folder, frozenset([os.path.realpath(folder)]))]
+    while todo:
+        here, above = todo.pop()
+        with os.scandir(here) as entries:
+            for entry in entries:
+                if not entry.is_dir():  # follows links: a link to a folder is walked, a dangling one is a file
+                    files.append(entry.path)
+                    continue
+                real = os.path.realpath(entry.path)
+                if real in above:
+                    raise InputNotFoundError(f"{entry.path}: a link to {real}, a folder it lies in (a loop); "
+                                             f"remove the link, or name the inputs without it")
+                todo.append((entry.path, above | {real}))
+    return sorted(files)
 
 
 def _is_input(path: str) -> bool:

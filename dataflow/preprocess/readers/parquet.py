@@ -12,7 +12,9 @@ that a node does not flood the Hub or a bucket:
   file is opened with fsspec's `cache_type="none"` so each of those is exactly one request, with no
   read-ahead of columns that are not needed;
 - a transient failure (`formats.remote.transient`: 5xx, 408, 429, resets, timeouts) reopens the file and
-  reads the row group again, after a jittered backoff, at most `remote.RETRIES` times.
+  reads the row group again, after a jittered backoff, at most `remote.RETRIES` times; the coordinator's
+  footer read, a file's first contact, is retried as a manifest's is (`remote.with_retries`), and what still
+  fails is one line.
 
 A row group is sliced into blocks of about BLOCK_BYTES of text without copying it. A text column that is not
 of string type is read row by row, each row a bad record saying what it holds (or a string kept as is).
@@ -31,10 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataflow.errors import InputError
-from dataflow.formats import remote
-from dataflow.formats import arrays
-from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Record, Span, block_of, checked, missing_errors
+from dataflow.errors import DataflowError, InputError, cause
+from dataflow.formats import arrays, remote
+from dataflow.formats.remote_errors import explain, first_line, read_failed
+from dataflow.preprocess.readers.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
+                                                 id_text, missing_errors)
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -79,7 +82,7 @@ def _open_file(url: str) -> tuple[Any, "pq.ParquetFile"]:
         handle.close()
         if isinstance(e, (pa.ArrowInvalid, OSError)) and not isinstance(e, FileNotFoundError) \
                 and not remote.transient(e):
-            raise InputError(f"{url}: not a readable Parquet file ({e}); check the file, or give it the "
+            raise InputError(f"{url}: not a readable Parquet file ({first_line(e)}); check the file, or give it the "
                              f"extension of what it holds (.jsonl, .txt)") from None
         raise
 
@@ -92,10 +95,7 @@ def _plan(url: str, size: int | None) -> tuple[list[Span], list[str]]:
         known = _plans.get(url)
     if known is not None and known[0] == identity and size in (None, known[1]):
         return known[2], known[3]
-    handle, pf = _open_file(url)
-    with handle:
-        meta = pf.metadata
-        names = list(pf.schema_arrow.names)
+    meta, names = _footer(url)
     out, row, groups = [], 0, max(meta.num_row_groups, 1)
     for g in range(meta.num_row_groups):
         out.append(Span(row, g, g + 1, (size or 0) // groups))
@@ -106,6 +106,25 @@ def _plan(url: str, size: int | None) -> tuple[list[Span], list[str]]:
         while len(_plans) > MAX_PLANS:
             _plans.popitem(last=False)
     return out, names
+
+
+def _footer(url: str) -> tuple["pq.FileMetaData", list[str]]:
+    """The file's footer (row groups) and columns. A remote footer is the file's first contact: retried on
+    transient failures as a manifest is (`remote.with_retries`: a 503, a read cut short); what still fails
+    is one line."""
+    def read() -> tuple["pq.FileMetaData", list[str]]:
+        handle, pf = _open_file(url)
+        with handle:
+            return pf.metadata, list(pf.schema_arrow.names)
+
+    if _local(url):
+        return read()
+    try:
+        return remote.with_retries(url, read)
+    except DataflowError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the backends' own types: aiohttp's, botocore's, ...)
+        raise explain(url, e) or read_failed(url, e) from cause(e)
 
 
 def read_plans(files: list[str], sizes: list[int], threads: int = FOOTER_THREADS) -> None:
@@ -191,7 +210,7 @@ def table_blocks(table: pa.Table, text_field: str, id_field: str) -> Iterator[Bl
     if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
         yield block_of(list(typed_records(texts.to_pylist(), ids.to_pylist(), text_field)))
         return
-    ids = id_strings(ids)
+    ids = id_column(ids)
     texts = pc.cast(texts, pa.string()) if pa.types.is_large_string(texts.type) else texts
     sizes = np.cumsum(arrays.lengths(texts))
     cuts = np.searchsorted(sizes, np.arange(BLOCK_BYTES, int(sizes[-1]) if len(sizes) else 0, BLOCK_BYTES))
@@ -202,18 +221,10 @@ def table_blocks(table: pa.Table, text_field: str, id_field: str) -> Iterator[Bl
             yield Block(texts.slice(a, b - a), ids.slice(a, b - a), errors.slice(a, b - a))
 
 
-def id_strings(ids: pa.Array) -> pa.Array:
-    """An id column as strings: integers and strings cast in bulk, another type by str() of each value."""
-    if pa.types.is_integer(ids.type) or pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type) \
-            or pa.types.is_null(ids.type):
-        return pc.cast(ids, pa.string())
-    return arrays.strings([None if v is None else str(v) for v in ids.to_pylist()])
-
-
 def typed_records(texts: list, ids: list, text_field: str) -> Iterator[Record]:
     """Rows of a text column that is not of string type: each one a bad record, or a string (the slow path)."""
     for index, (text, doc_id) in enumerate(zip(texts, ids)):
-        doc_id = None if doc_id is None else str(doc_id)
+        doc_id = id_text(doc_id)
         if not isinstance(text, str):
             kind = "null" if text is None else type(text).__name__
             yield Record(index, doc_id, None, f"field {text_field!r} is {kind}, not a string")

@@ -9,8 +9,9 @@ records are counted in input order and never depend on timing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -92,6 +93,32 @@ def checked(rec: Record) -> Record:
     except UnicodeEncodeError as e:
         return Record(rec.index, rec.id, None, f"undecodable text ({e.reason} at character {e.start})")
     return rec
+
+
+def id_text(value: Any) -> str | None:
+    """A record's id as stored: a string as it is, anything else by its JSON text (`true`, `{"k": "v"}`,
+    `[1, 2]`; numbers as written, `7`, `2.5`), whichever reader it came from; a value JSON cannot hold (a
+    date, bytes) by its str(), also inside a list or an object. None: the record has no id (one is derived)."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, (bool, int, float, list, tuple, dict)):
+        return str(value)
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):  # keys JSON cannot hold, a structure that holds itself
+        return str(value)
+
+
+def id_column(ids: pa.Array) -> pa.Array:
+    """An Arrow column of ids as strings, named as `id_text` names each value: strings and integers cast in
+    bulk, booleans as `true`/`false`, any other type value by value."""
+    kind = ids.type
+    if pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind) \
+            or pa.types.is_null(kind):
+        return pc.cast(ids, pa.string())
+    if pa.types.is_boolean(kind):
+        return pc.if_else(ids, arrays.text_scalar("true"), arrays.text_scalar("false"))
+    return arrays.strings([id_text(v) for v in ids.to_pylist()])
 
 
 def missing_errors(texts: pa.Array, reason: str) -> pa.Array:
