@@ -105,16 +105,16 @@ def _not_ours(root: str, resumed: str | None, run_id: str | None) -> tuple[str, 
     `resumed` (None: a new run): another run's, or this run's later than `resumed`; None when all are."""
     found = [(s, p) for s, p in complete_checkpoints(root)
              if not resumed or os.path.realpath(p) != os.path.realpath(resumed)]
-    other = [(s, p) for s, p in found if resumed is None or run_of(p) != run_id]
-    start = _state_of(resumed).get("step", -1) if resumed else -1
-    later = [(s, p) for s, p in found if s > start]
-    if resumed is None and found:
+    if not resumed:
         return ("another run's", f"checkpoints of another run ({_names(found)}); a new run (checkpoint.resume = "
                                  f"\"none\") would mix its own with them: train that run on (checkpoint.resume = "
-                                 f"\"auto\")", found)
+                                 f"\"auto\")", found) if found else None
+    other = [(s, p) for s, p in found if run_of(p) != run_id]
     if other:
         return ("another run's", f"checkpoints of another run ({_names(other)}) than {resumed}, which this run "
                                  f"continues: name the one to train on (checkpoint.resume = FOLDER)", other)
+    start = _state_of(resumed).get("step", -1)
+    later = [(s, p) for s, p in found if s > start]
     if later:
         return ("this run's later", f"checkpoints of this run ({_names(later)}) later than {resumed}, which it "
                                     f"trains on from, and two histories of one run would mix: resume the newest "
@@ -251,7 +251,11 @@ class Checkpointer:
                               f"to delete them, or choose another checkpoint.dir")
         if found and self.d.is_main:
             for _, path in found[2]:
-                shutil.rmtree(path)
+                try:
+                    shutil.rmtree(path)
+                except OSError as e:
+                    raise ConfigError(f"checkpoint.replace = true: cannot delete {path} ({e.strerror or e}); "
+                                      f"delete it yourself or choose another checkpoint.dir") from None
             say(f"checkpoint.replace = true: deleted {found[0]} checkpoints in {self.root}: {_names(found[2])}")
         if replace and self.root:  # every rank (whatever it found while the main one deleted) waits for that
             _barrier(self.d)

@@ -232,7 +232,7 @@ def setup(cfg: Config, d: Dist, log: MetricsLogger) -> Run:
 
 
 def resume(run: Run) -> None:
-    """Continue from the configured checkpoint, if any: weights, optimizer, counters, the data position, RNG."""
+    """Continue from the configured checkpoint, if any: weights, optimizer, counters, data position, RNG, schedule."""
     cfg, d, t = run.cfg, run.d, run.cfg.train
     ckpt = run.ckpt or Checkpointer("", 1, d)
     run.resume_path = ckpt.begin(cfg.checkpoint.resume, cfg.checkpoint.replace, run.log.print)
@@ -242,12 +242,12 @@ def resume(run: Run) -> None:
     run.step, loader_state = state["step"], state["loader"]
     c = state["counters"]
     run.counters = Counters(c["skipped"], c["bad_in_row"], c["loss_ema"], c["tokens"])
-    run.schedule = run.schedule.resumed(state, run.step, run.log.print)
     run.prefetcher.load_state_dict(loader_state)
     if not state["rng_restored"]:
         seed_everything(t.seed + d.rank + 1_000_003 * run.step)
     run.log.event(run.step, "resume", f"resumed from {run.resume_path} (epoch {loader_state['epoch']}, "
                   f"{loader_state['consumed']:,} samples consumed, world size {state['world_size']} -> {d.world_size})")
+    run.schedule = run.schedule.resumed(state, run.step, run.log.print)
     run.last_saved = run.step
 
 
