@@ -21,6 +21,11 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "DATAFLOW_DEBUG": ("flag", "1: full tracebacks instead of one-line errors"),
     "DATAFLOW_READ_TIMEOUT_S": ("seconds", "seconds a remote read may stay silent before it is retried "
                                            "(default 60)"),
+    "DATAFLOW_MIN_TRANSFER_BPS": ("number", "bytes/s below which a shard download, measured over the last "
+                                            "DATAFLOW_SLOW_TRANSFER_S, is stopped and retried (default 1024; 0: "
+                                            "no floor)"),
+    "DATAFLOW_SLOW_TRANSFER_S": ("seconds", "seconds a shard download may stay below DATAFLOW_MIN_TRANSFER_BPS "
+                                            "(default 30)"),
     "DATAFLOW_FIRST_CONTACT_S": ("seconds", "seconds a dataset's first remote read (its manifest) may take in "
                                             "all, retries included (default 120)"),
     "DATAFLOW_MANIFEST_MAX_BYTES": ("size", "the most bytes a dataset's index.json is read to, like 2GB, or none "

@@ -9,7 +9,10 @@ with jittered exponential backoff; others are raised at once.
 A dataset's first contact (its manifest, `with_retries`) has a budget for all its attempts together
 (`DATAFLOW_FIRST_CONTACT_S`, default 120 s, or `first_contact(seconds)`): a server that says nothing is
 warned about once a read timeout has passed, and is an `UnreachableError` when the budget is spent,
-whatever the backend does inside an attempt. Shard downloads keep the per-read timeouts and retries.
+whatever the backend does inside an attempt. Shard downloads keep the per-read timeouts and retries, and
+have a progress floor (`ProgressFloor`): a transfer whose bytes keep coming, each read within the read
+timeout, but fewer than `DATAFLOW_MIN_TRANSFER_BPS` (default 1024) a second over the last
+`DATAFLOW_SLOW_TRANSFER_S` (default 30) seconds is stopped, after one warning, as `TooSlow`.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ import posixpath
 import random
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import quote, unquote
+
+from fsspec.callbacks import Callback
 
 from dataflow import env
 from dataflow.errors import FormatError, UnreachableError, cause
@@ -34,9 +40,72 @@ RETRIES = 5  # attempts per read
 BACKOFF_S = 0.2  # first retry delay; doubles each attempt (with jitter), capped at 10 s
 CONNECT_TIMEOUT_S = 30.0
 FIRST_CONTACT_S = 120.0  # default budget of a dataset's first contact, all attempts together
+MIN_TRANSFER_BPS = 1024.0  # default progress floor of a transfer, bytes per second ...
+SLOW_TRANSFER_S = 30.0  # ... over the last this many seconds
 T = TypeVar("T")
 _budget: contextvars.ContextVar[float | None] = contextvars.ContextVar("first_contact_budget", default=None)
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("first_contact_deadline", default=None)
+
+
+class TooSlow(Exception):
+    """A transfer below the progress floor over a whole span (a trickle): worth a retry on a fresh connection."""
+
+    def __init__(self, rate: float, floor: float, span: float):
+        super().__init__(f"{rate:.0f} B/s over the last {span:g} s, below the floor of {floor:g} B/s")
+        self.rate, self.floor, self.span = rate, floor, span
+
+
+class ProgressFloor(Callback):
+    """fsspec's transfer callback (`fs.get_file(..., callback=floor)`) that raises `TooSlow` inside the transfer
+    when fewer than `floor` bytes/s arrived over the last `span` seconds, after warning once (per `ProgressFloor`,
+    whatever the attempts) when the rate over the last half span first falls below it. Measured over that
+    sliding span, never per read: a stall inside a healthy transfer is fine. The clock starts at `restart()`
+    (call it before each attempt) and again when the answer's size arrives; a complete transfer is never
+    stopped. A floor of 0 turns it off."""
+
+    def __init__(self, name: str, floor: float | None = None, span: float | None = None):
+        super().__init__()
+        self.name = name
+        self.floor = min_transfer_bps() if floor is None else floor
+        self.span = slow_transfer_s() if span is None else span
+        self.warned = False
+        self.restart()
+
+    def restart(self) -> None:
+        """A new attempt: no bytes yet, the clock starts now."""
+        self.size, self.value, self._answered = None, 0, False
+        self._samples: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
+
+    def call(self, *args: Any, **kwargs: Any) -> None:  # every set_size/relative_update ends here
+        now = time.monotonic()
+        if not self._answered and self.value == 0:  # the answer came: the wait for it is the read timeout's
+            self._samples = deque([(now, 0)])
+        self._answered = True
+        if self.size is not None and self.value >= self.size:
+            return
+        samples = self._samples
+        if now - samples[-1][0] >= self.span / 32:  # a few dozen samples per span, whatever the chunk size
+            samples.append((now, self.value))
+        while len(samples) > 1 and samples[1][0] <= now - self.span:
+            samples.popleft()  # keeps the newest sample at least a span old
+        half, full = self._rate(now, self.span / 2), self._rate(now, self.span)
+        low = [r for r in (half, full) if r is not None and r < self.floor]
+        if low and not self.warned:
+            self.warned = True
+            log.warning("%s: receiving %.0f B/s, below the floor of %g B/s (DATAFLOW_MIN_TRANSFER_BPS); the transfer "
+                        "is stopped if that lasts %g s (DATAFLOW_SLOW_TRANSFER_S)", self.name, low[0], self.floor,
+                        self.span)
+        if full is not None and full < self.floor:
+            raise TooSlow(full, self.floor, self.span)
+
+    def _rate(self, now: float, seconds: float) -> float | None:
+        """Bytes/s since the newest sample at least `seconds` old; None before the transfer is that old."""
+        ref = None
+        for t, value in self._samples:
+            if t > now - seconds:
+                break
+            ref = (t, value)
+        return None if ref is None else (self.value - ref[1]) / max(now - ref[0], 1e-9)
 
 
 def is_remote(url: str) -> bool:
@@ -46,6 +115,14 @@ def is_remote(url: str) -> bool:
 
 def read_timeout_s() -> float:
     return env.number("DATAFLOW_READ_TIMEOUT_S", 60.0, minimum=0.001)
+
+
+def min_transfer_bps() -> float:
+    return env.number("DATAFLOW_MIN_TRANSFER_BPS", MIN_TRANSFER_BPS)
+
+
+def slow_transfer_s() -> float:
+    return env.number("DATAFLOW_SLOW_TRANSFER_S", SLOW_TRANSFER_S, minimum=0.001)
 
 
 def first_contact_s() -> float:

@@ -1,7 +1,9 @@
 """One shard's download: to a part file, checked against the manifest's size and sha256, renamed into place.
 
-Transient failures (5xx, resets, timeouts, a damaged transfer) are retried with backoff
-(`formats/remote.py`); a refusal is one line that says what to do; a full disk is not retried.
+Transient failures (5xx, resets, timeouts, a damaged transfer, a transfer below the progress floor) are
+retried with backoff (`formats/remote.py`), within the same `retries` attempts: a trickle costs at most
+`retries` spans of DATAFLOW_SLOW_TRANSFER_S. A refusal is one line that says what to do; a full disk is not
+retried.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ def download_verified(fs: Any, rpath: str, path: str, shard: ShardInfo, url: str
                       disk_full: Callable[[OSError], BaseException]) -> None:
     """`fs:rpath` into `path` (the cache entry), whole and verified, stamped as such, or an error."""
     tmp = cache.part_path(path, shard.bytes)
+    floor = remote.ProgressFloor(url)  # one per shard: it warns once, whatever the attempts
     for attempt in range(1, retries + 1):
         try:
-            fs.get_file(rpath, tmp)
+            floor.restart()
+            fs.get_file(rpath, tmp, callback=floor)
             size, digest = cache.sha256_and_sync(tmp)
             if (size, digest) != (shard.bytes, shard.sha256):
                 raise _Corrupt(f"got {size} bytes with sha256 {digest[:12]}..., the manifest says "
@@ -51,13 +55,20 @@ def download_verified(fs: Any, rpath: str, path: str, shard: ShardInfo, url: str
 
 def _retry_or_raise(url: str, e: Exception, attempt: int, retries: int, dataset: str) -> None:
     """Sleep before the next attempt when `e` is transient and attempts are left, else raise."""
-    if not (isinstance(e, _Corrupt) or remote.transient(e)):
+    if not (isinstance(e, (_Corrupt, remote.TooSlow)) or remote.transient(e)):
         raise (explain(url, e) or StorageError(f"{url}: download refused ({remote.describe(e)}); check the URL, "
                                                "credentials and storage_options")) from cause(e)
     if attempt == retries:
         if isinstance(e, _Corrupt):
-            raise FormatError(f"{url}: downloaded bytes do not match the manifest after {attempt} attempts ({e}); the "
-                              f"remote shard is damaged or was rewritten: run `dataflow verify {dataset}`") from None
-        raise StorageError(f"{url}: download failed after {attempt} attempts ({remote.describe(e)}); check the "
+            raise FormatError(f"{url}: downloaded bytes do not match the manifest after {_attempts(attempt)} ({e}); "
+                              f"the remote shard is damaged or was rewritten: run `dataflow verify {dataset}`") from None
+        if isinstance(e, remote.TooSlow):  # a fresh connection each attempt; as slow on every one
+            raise StorageError(f"{url}: download too slow on {_attempts(attempt)} ({e}); check the network and the "
+                               "server, or lower DATAFLOW_MIN_TRANSFER_BPS / raise DATAFLOW_SLOW_TRANSFER_S") from None
+        raise StorageError(f"{url}: download failed after {_attempts(attempt)} ({remote.describe(e)}); check the "
                            "network and the server, then retry") from cause(e)
     remote.backoff(url, attempt, e)
+
+
+def _attempts(n: int) -> str:
+    return "1 attempt" if n == 1 else f"{n} attempts"
