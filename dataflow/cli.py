@@ -14,7 +14,7 @@ import itertools
 import json
 import os
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dataflow import env
 from dataflow.convert.command import add_convert_parser
@@ -168,26 +168,49 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from dataflow.formats.atomic import atomic_open
+    from dataflow.convert.outputs import write_error
 
     root, manifest = _dataset(args.path)
-    if args.output:
+    to_file = args.output not in (None, "-")
+    if to_file:
         _check_decode_output(args.output, root)
-    with contextlib.ExitStack() as stack:  # -o FILE appears whole, or not at all
-        out = stack.enter_context(atomic_open(args.output, "w")) if args.output else sys.stdout
-        records = _decoded(root, manifest, stack)
-        bar = stack.enter_context(_progress(args, manifest.documents, "doc", "decode"))
-        for record in records:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            bar.update(1)
-    if args.output:
+    try:
+        with contextlib.ExitStack() as stack:  # -o FILE appears whole, or not at all
+            out = _decode_output(args, stack) if to_file else sys.stdout
+            records = _decoded(root, manifest, stack)
+            bar = stack.enter_context(_progress(args, manifest.documents, "doc", "decode"))
+            for record in records:
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                bar.update(1)
+    except OSError as e:  # a read-only folder, one under a file, a full disk: one line
+        known = write_error(e, args.output) if to_file else None
+        if known is None:
+            raise
+        raise known from None
+    if to_file:
         print(f"decoded {count(manifest.documents, 'document')} into {args.output}", file=sys.stderr)
     return 0
+
+
+def _decode_output(args: argparse.Namespace, stack: contextlib.ExitStack):
+    """The text file `decode -o` writes, under convert's rule for outputs (`convert.outputs.files`): a regular
+    file, replaced only with --overwrite, written to a temp file renamed over it (or uploaded to a URL) once
+    every document is in."""
+    from dataflow.convert.outputs import files
+    from dataflow.formats.atomic import atomic_open
+
+    (local,) = stack.enter_context(files([args.output], args.overwrite, stdout=True))
+    return stack.enter_context(atomic_open(local, "w"))
 
 
 def _check_decode_output(output: str, root: str) -> None:
     """`decode -o` must name a file outside the dataset (a folder fails after the whole decode; a path in the
     dataset would replace one of its files)."""
+    from dataflow.formats.remote import is_remote
+
+    if is_remote(output):
+        return
+    output = output.removeprefix("file://")
     if os.path.isdir(output):
         raise ConfigError(f"-o {output}: is a folder; pass the path of the JSONL file to write")
     if "://" not in root:
@@ -225,6 +248,18 @@ def _workers(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes nor auto") from None
+
+
+def _add_decode_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """`dataflow decode`: `add(name, help)` makes the subparser (as in `build_parser`)."""
+    d = add("decode", "every document back as JSONL {id, text}, in stored order")
+    d.add_argument("path", help="a dataset folder or URL made by `dataflow tokenize` (it holds index.json)")
+    d.add_argument("-o", "--output", default=None, help="write to this file (a path or a URL), whole or not at "
+                   "all; - or none: standard output")
+    d.add_argument("--overwrite", action="store_true", help="replace the -o file if it exists (a device or FIFO "
+                   "never is)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    d.set_defaults(func=cmd_decode)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,11 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.set_defaults(func=cmd_verify)
 
-    d = add("decode", "every document back as JSONL {id, text}, in stored order")
-    d.add_argument("path", help="a local dataset folder made by `dataflow tokenize`")
-    d.add_argument("-o", "--output", default=None, help="write to this file, atomically (default: stdout)")
-    d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    d.set_defaults(func=cmd_decode)
+    _add_decode_parser(add)
 
     add_convert_parser(sub)
     sub.add_parser("train", add_help=False, help="train the bundled GPT: dataflow train --config demo --set "
