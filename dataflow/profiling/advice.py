@@ -6,6 +6,8 @@ import math
 import os
 from typing import Any
 
+from dataflow.profiling.monitor import judged
+
 STAGE_ADVICE = {
     "read": "reading and decompressing record batches dominates: add workers, or write the shards with lighter "
             "compression (`dataflow tokenize --compression none`, or a lower --zstd-level)",
@@ -46,16 +48,18 @@ def advise(result: dict[str, Any]) -> list[str]:
     needed = result.get("needed_batches_per_s")
     w = s["num_workers"]
     out = []
+    seen = judged(run)  # the steady state, past the warm-up, when there is one
+    where = " in the steady state" if seen is not run else ""
     if run["verdict"] == "compute-bound":
-        out.append(f"not input-bound: the consumer waited {run['data_wait_pct']:.2f}% of the time.")
+        out.append(f"not input-bound: the consumer waited {seen['data_wait_pct']:.2f}% of the time{where}.")
         if headroom is not None and w > 1 and cap and needed:
             fewer = workers_needed(w, cap, needed, margin=1.5)
             if fewer < w:
                 out.append(f"the loader has {headroom:.1f}x headroom; num_workers={fewer} would likely still keep "
                            f"up (check with --sweep num_workers={fewer},{w}).")
     else:
-        out.append(f"{run['verdict']}: the consumer waited {run['data_wait_pct']:.1f}% of wall time for data "
-                   f"(p99 {run['wait_p99_ms']:.1f} ms per batch).")
+        out.append(f"{run['verdict']}: the consumer waited {seen['data_wait_pct']:.1f}% of wall time for data"
+                   f"{where} (p99 {seen['wait_p99_ms']:.1f} ms per batch).")
         if headroom is not None and headroom < 1.0 and cap and needed:
             out.append(_more_workers(w, cap, needed, usable_cores()))
         elif headroom is not None:

@@ -48,6 +48,10 @@ class CudaTimer:
         self.copy_wait_total = 0.0
         self.step_total = 0.0
         self.steps = 0
+        self.warmup = 0  # the first this many batches and steps are also summed apart (the monitor's warm-up)
+        self.gaps = 0
+        self.warmup_copy_wait = 0.0
+        self.warmup_step_total = 0.0
         self._fetch0: Any = None
         self._step0: Any = None
 
@@ -82,12 +86,16 @@ class CudaTimer:
             b.synchronize()
             self._pending.popleft()
             dt = a.elapsed_time(b) / 1e3
-            if kind == "gap":
+            if kind == "gap":  # pairs resolve in order: the first `warmup` gaps are the warm-up batches'
+                idle = max(0.0, dt - host_wait)  # GPU idle beyond the host's own wait
                 self.gap_s.append(dt)
-                self.copy_wait_total += max(0.0, dt - host_wait)  # GPU idle beyond the host's own wait
+                self.copy_wait_total += idle
+                self.warmup_copy_wait += idle if self.gaps < self.warmup else 0.0
+                self.gaps += 1
             else:
                 self.step_s.append(dt)
                 self.step_total += dt
+                self.warmup_step_total += dt if self.steps < self.warmup else 0.0
                 self.steps += 1
             self._free += [a, b]
 

@@ -12,6 +12,13 @@ inside `step()`, GPU time from CUDA events when the loop runs on CUDA. The main 
 inside `next()` (`time.process_time`) shows what loading takes from the training process even when
 nobody waits. Wrapping a `StreamingDataLoader` or a `DevicePrefetcher` (anything that keeps the
 `StageFigures` contract) adds the stage breakdown.
+
+The first `warmup_steps` batches (default 5) and their steps are the warm-up: worker start-up, the first
+shards fetched and decoded, queues filling, a first step that compiles. Their cost is paid once, however
+long the run, so a fixed count (not a share of the run, whose end nobody knows while it runs, and which would
+hide a long run's early starvation) marks it. `summary()` gives the whole run's figures (the contract's
+`steps`, `wall_s`, `data_wait_s`, `data_wait_pct`, `step_s`), the `warmup`'s and the `steady` state's apart,
+and judges the steady state.
 Everything is kept in bounded arrays; the cost is a few microseconds per step (`overhead.py`).
 """
 
@@ -20,6 +27,8 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
+from dataclasses import dataclass
+from itertools import islice
 from types import TracebackType
 from typing import Any, Callable, Iterable, Iterator
 
@@ -32,6 +41,7 @@ from dataflow.profiling.breakdown import StageProbe
 
 INPUT_BOUND_PCT = 10.0  # data wait above this share of wall time: input-bound
 BALANCED_PCT = 1.0  # below this: compute-bound
+WARMUP_STEPS = 5  # default: the first batches and steps reported apart, not judged
 
 
 def verdict(pct: float) -> str:
@@ -43,6 +53,23 @@ VERDICT_RULE = (f"input-bound above {INPUT_BOUND_PCT:g}% data wait, compute-boun
                 f"balanced between")
 
 
+def judged(summary: dict[str, Any]) -> dict[str, Any]:
+    """The figures a summary's verdict judges: its `steady` state when it has one, else the whole run."""
+    return summary.get("steady") or summary
+
+
+@dataclass(frozen=True)
+class _Totals:
+    """The monitor's running totals at one moment: where the warm-up ends."""
+
+    at: float
+    wait: float
+    step: float
+    steps: int
+    batches: int
+    tokens: int
+
+
 class StarvationMonitor:
     """Times the batches a loop takes (`wrap`) and its steps (`step`); `summary()` says if it is input-bound.
 
@@ -52,10 +79,17 @@ class StarvationMonitor:
         nvml: sample GPU utilisation through NVML (`nvidia-ml-py`) while on CUDA.
         clock, cpu_clock: the wall clock and the process CPU clock, in seconds (default `time.perf_counter`
             and `time.process_time`); a test or a simulator may pass its own.
+        warmup_steps: the first batches (and their steps) reported as the warm-up, apart from the steady
+            state the verdict judges (0: judge the whole run).
     """
 
     def __init__(self, history: int = 100_000, device: Any = "auto", nvml: bool = True,
-                 clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time):
+                 clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time,
+                 warmup_steps: int = WARMUP_STEPS):
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ConfigError(f"StarvationMonitor: warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        self.warmup_steps = warmup_steps
+        self._warm: _Totals | None = None  # the totals when the warm-up ended (None: not yet)
         self.clock, self.cpu_clock = clock, cpu_clock
         self.waits: deque[float] = deque(maxlen=history)
         self.steps: deque[float] = deque(maxlen=history)
@@ -97,6 +131,7 @@ class StarvationMonitor:
             target = auto if self._device == "auto" else self._device
             if gpu.cuda_in_use(target):
                 self.cuda = gpu.CudaTimer()
+                self.cuda.warmup = self.warmup_steps
                 if self._nvml_wanted and self.nvml is None:
                     self.nvml = gpu.NvmlSampler(gpu.nvml_index(target))
 
@@ -109,6 +144,8 @@ class StarvationMonitor:
             if cuda is not None:
                 cuda.before_fetch()
             c0, t0 = cpu(), perf()
+            if self._warm is None and self.batches == self.warmup_steps:  # asking for the first steady batch
+                self._warm = _Totals(t0, self.total_wait, self.total_step, self.count, self.batches, self.tokens)
             try:
                 batch = next(it)
             except StopIteration:
@@ -159,44 +196,75 @@ class StarvationMonitor:
 
     # --- reporting ------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Steps, wall time, data wait (s, % of wall, p50/p90/p99), step time, throughput, fetch CPU,
-        verdict with its rule, GPU figures (or why absent) and the stage breakdown."""
+        """Steps, wall time, data wait (s, % of wall, p50/p90/p99), step time, throughput, fetch CPU over the
+        whole run; the same figures for the `warmup` and the `steady` state (None while every step is warm-up);
+        the verdict on the steady state with its rule, GPU figures (or why absent) and the stage breakdown."""
         if self.cuda is not None:
             self.cuda.poll(wait=True)
         now = self.clock()
-        wall = (now if self._end is None else self._end) - (now if self._start is None else self._start)
+        start, end = (now if self._start is None else self._start), (now if self._end is None else self._end)
         copy_wait = self.cuda.copy_wait_total if self.cuda is not None else 0.0
-        data_wait = self.total_wait + copy_wait
-        waits = np.fromiter(self.waits, dtype=np.float64) if self.waits else np.zeros(1)
-        if self.cuda is not None and len(self.cuda.gap_s) == len(self.waits):
-            waits = np.maximum(waits, np.fromiter(self.cuda.gap_s, dtype=np.float64))
-        pct = 100.0 * data_wait / wall if wall > 0 else 0.0
-        p50, p90, p99 = (1e3 * float(v) for v in np.percentile(waits, [50, 90, 99]))
         host_step = self.total_step / max(self.count, 1)
         gpu_step = self.cuda.step_total / self.cuda.steps if self.cuda is not None and self.cuda.steps else None
+        whole = _figures(self.count, self.batches, end - start, self.total_wait + copy_wait, self._waits(0),
+                         self.tokens, gpu_step if gpu_step is not None else host_step, host_step)
+        warmup, steady = self._phases(start, end, whole)
+        basis = (f"steady state, after the first {self.warmup_steps} steps (warmup_steps)" if steady is not None
+                 else f"whole run: all {self.count} steps are warm-up (warmup_steps={self.warmup_steps})")
         out = {
-            "steps": self.count,
-            "batches": self.batches,
-            "wall_s": wall,
-            "data_wait_s": data_wait,
-            "data_wait_pct": pct,
+            **{k: whole[k] for k in ("steps", "batches", "wall_s", "data_wait_s", "data_wait_pct")},
             "host_wait_s": self.total_wait,
             "copy_wait_s": copy_wait if self.cuda is not None else None,
-            "step_s": gpu_step if gpu_step is not None else host_step,
+            "step_s": whole["step_s"],
             "step_host_s": host_step,
             "step_timing": "cuda events (GPU time)" if gpu_step is not None else "host clock",
-            "wait_p50_ms": p50, "wait_p90_ms": p90, "wait_p99_ms": p99,
-            "batches_per_s": self.batches / wall if wall > 0 else 0.0,
+            **{k: whole[k] for k in ("wait_p50_ms", "wait_p90_ms", "wait_p99_ms", "batches_per_s")},
             "tokens": self.tokens,
-            "tokens_per_s": self.tokens / wall if wall > 0 and self.tokens else None,
+            "tokens_per_s": whole["tokens_per_s"],
             "fetch_cpu_s": self.total_fetch_cpu,
             "fetch_cpu_ms_per_batch": 1e3 * self.total_fetch_cpu / max(self.batches, 1),
-            "verdict": verdict(pct),
+            "warmup_steps": self.warmup_steps,
+            "warmup": warmup,
+            "steady": steady,
+            "verdict": verdict((steady or whole)["data_wait_pct"]),
+            "verdict_basis": basis,
             "verdict_rule": VERDICT_RULE,
             "gpu": self._gpu_summary(),
             "stages": self.probe.summary(self.batches) if self.probe is not None else None,
         }
         return out
+
+    def _phases(self, start: float, end: float, whole: dict[str, Any]
+                ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The warm-up's figures and the steady state's (None before a batch past the warm-up)."""
+        w = self._warm
+        if w is None or self.batches <= w.batches:
+            return whole, None
+        cuda = self.cuda
+        warm_copy = cuda.warmup_copy_wait if cuda is not None else 0.0
+        warm_host_step = w.step / max(w.steps, 1)
+        timed = min(cuda.steps, self.warmup_steps) if cuda is not None else 0  # warm-up steps timed on the GPU
+        warm_gpu = cuda.warmup_step_total / timed if timed else None
+        warmup = _figures(w.steps, w.batches, w.at - start, w.wait + warm_copy, self._waits(0, w.batches),
+                          w.tokens, warm_gpu if warm_gpu is not None else warm_host_step, warm_host_step)
+        steps = self.count - w.steps
+        host_step = (self.total_step - w.step) / max(steps, 1)
+        gpu_steps = cuda.steps - timed if cuda is not None else 0
+        gpu_step = (cuda.step_total - cuda.warmup_step_total) / gpu_steps if gpu_steps else None
+        steady = _figures(steps, self.batches - w.batches, end - w.at, whole["data_wait_s"] - warmup["data_wait_s"],
+                          self._waits(w.batches), self.tokens - w.tokens,
+                          gpu_step if gpu_step is not None else host_step, host_step)
+        steady["verdict"] = verdict(steady["data_wait_pct"])
+        return warmup, steady
+
+    def _waits(self, first: int, stop: int | None = None) -> np.ndarray:
+        """Per-batch waits (the GPU's idle gap where longer) of batches first..stop-1 still in the history."""
+        dropped = self.batches - len(self.waits)  # the oldest batches, out of the bounded history
+        lo, hi = max(first - dropped, 0), (None if stop is None else max(stop - dropped, 0))
+        waits = np.fromiter(islice(self.waits, lo, hi), dtype=np.float64)
+        if self.cuda is not None and len(self.cuda.gap_s) == len(self.waits):
+            waits = np.maximum(waits, np.fromiter(islice(self.cuda.gap_s, lo, hi), dtype=np.float64))
+        return waits
 
     def _gpu_summary(self) -> dict[str, Any]:
         if self.cuda is None:
@@ -218,15 +286,36 @@ class StarvationMonitor:
             return "starvation: no steps measured (nothing to judge)"
         tput = f"{s['batches_per_s']:.1f} batches/s" + (f", {s['tokens_per_s']:,.0f} tokens/s" if s["tokens_per_s"]
                                                          else "")
+        w, st = s["warmup"], s["steady"]
+        if st is None:
+            phases = (f"warm-up only ({w['steps']} steps: no steady state after warmup_steps={s['warmup_steps']}); "
+                      f"verdict: {s['verdict']} on the whole run")
+        else:
+            phases = (f"warm-up (first {w['steps']} steps) {w['wall_s']:.2f} s, data wait {w['data_wait_pct']:.1f}%; "
+                      f"steady state ({st['steps']} steps) data wait {st['data_wait_pct']:.1f}% (p99 "
+                      f"{st['wait_p99_ms']:.2f} ms), step {1e3 * st['step_s']:.1f} ms; verdict: {s['verdict']} on "
+                      f"the steady state")
         return (f"starvation: {s['steps']} steps in {s['wall_s']:.2f} s; data wait {s['data_wait_s']:.3f} s "
                 f"= {s['data_wait_pct']:.1f}% of wall time (p50 {s['wait_p50_ms']:.2f} ms, p90 "
                 f"{s['wait_p90_ms']:.2f} ms, p99 {s['wait_p99_ms']:.2f} ms per batch); step "
                 f"{1e3 * s['step_s']:.1f} ms; {tput}; fetch CPU {s['fetch_cpu_ms_per_batch']:.2f} ms/batch; "
-                f"verdict: {s['verdict']} ({s['verdict_rule']})")
+                f"{phases} ({s['verdict_rule']})")
 
     def __str__(self) -> str:
         """The one-line summary (`print(monitor)`); `summary()` is the dict."""
         return self.format_summary()
+
+
+def _figures(steps: int, batches: int, wall: float, wait: float, waits: np.ndarray, tokens: int, step_s: float,
+             step_host_s: float) -> dict[str, Any]:
+    """One stretch of the run: data wait (s, % of its wall time, per-batch percentiles), step, throughput."""
+    wait = max(wait, 0.0)
+    p50, p90, p99 = (1e3 * float(v) for v in np.percentile(waits if len(waits) else np.zeros(1), [50, 90, 99]))
+    return {"steps": steps, "batches": batches, "wall_s": wall, "data_wait_s": wait,
+            "data_wait_pct": 100.0 * wait / wall if wall > 0 else 0.0, "step_s": step_s, "step_host_s": step_host_s,
+            "wait_p50_ms": p50, "wait_p90_ms": p90, "wait_p99_ms": p99,
+            "batches_per_s": batches / wall if wall > 0 else 0.0,
+            "tokens_per_s": tokens / wall if wall > 0 and tokens else None}
 
 
 class _Step:

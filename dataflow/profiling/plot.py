@@ -9,6 +9,7 @@ import numpy as np
 
 from dataflow.errors import ConfigError
 from dataflow.profiling.breakdown import STAGES
+from dataflow.profiling.monitor import judged
 
 COLORS = {"wait": "#d62728", "step": "#1f77b4", "fetch": "#9467bd", "read": "#ff7f0e", "shuffle": "#2ca02c",
           "collate": "#8c564b", "h2d": "#17becf"}
@@ -37,8 +38,9 @@ def plot_run(result: dict[str, Any], path: str) -> str:
     n = min(len(wait_ms), len(step_ms))
     fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(10, 11), gridspec_kw={"height_ratios": [3, 2, 2]})
     s = result["settings"]
+    seen = judged(run)  # what the verdict judges: the steady state, past the warm-up, where there is one
     fig.suptitle(f"dataflow profile: {os.path.basename(str(s['data']).rstrip('/'))} - {run['verdict']}, "
-                 f"data wait {run['data_wait_pct']:.1f}% (workers={s['num_workers']}, depth={s['depth']}, "
+                 f"data wait {seen['data_wait_pct']:.1f}%{' steady' if seen is not run else ''} (workers={s['num_workers']}, depth={s['depth']}, "
                  f"{result['consumer']})", fontsize=11)
 
     x = np.arange(n)

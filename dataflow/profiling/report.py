@@ -81,13 +81,27 @@ def format_run(r: dict[str, Any]) -> list[str]:
         f"{run['wall_s']:.2f} s over {run['steps']} steps)",
         f"  wait per batch  p50 {run['wait_p50_ms']:.2f} ms   p90 {run['wait_p90_ms']:.2f} ms   "
         f"p99 {run['wait_p99_ms']:.2f} ms",
+        *_phase_lines(run),
         f"  step            {1e3 * run['step_s']:.2f} ms mean ({run['step_timing']})",
         f"  throughput      {run['batches_per_s']:.1f} batches/s, {_rate(run['tokens_per_s'], 'tokens')}",
         f"  fetch CPU       {run['fetch_cpu_ms_per_batch']:.3f} ms per batch in the training process",
         f"  GPU             {_gpu_line(run['gpu'])}",
-        f"  verdict         {run['verdict'].upper()} ({run['verdict_rule']})",
+        f"  verdict         {run['verdict'].upper()} on the {run['verdict_basis']}; {run['verdict_rule']}",
     ]
     return lines
+
+
+def _phase_lines(run: dict[str, Any]) -> list[str]:
+    """The warm-up's and the steady state's data wait, apart (the verdict judges the steady state)."""
+    w, st = run["warmup"], run["steady"]
+    if st is None:
+        return [f"  warm-up         all {w['steps']} steps (warmup_steps={run['warmup_steps']}): no steady state "
+                f"to judge; measure more batches"]
+    return [f"  warm-up         first {w['steps']} steps: data wait {w['data_wait_pct']:.2f}% "
+            f"({w['data_wait_s']:.3f} s of {w['wall_s']:.2f} s)",
+            f"  steady state    {st['steps']} steps: data wait {st['data_wait_pct']:.2f}% ({st['data_wait_s']:.3f} s "
+            f"of {st['wall_s']:.2f} s), p99 {st['wait_p99_ms']:.2f} ms per batch, "
+            f"{st['batches_per_s']:.1f} batches/s"]
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -95,7 +109,7 @@ def format_report(report: dict[str, Any]) -> str:
     main = report["result"]
     s = main["settings"]
     lines = [f"dataflow profile: {s['data']}  (batch {s['batch_size']} x seq_len {s['seq_len']}, "
-             f"{s['batches']} batches measured after {s['warmup']} warm-up)", ""]
+             f"{s['batches']} batches measured after {s['warmup']} untimed start-up batches)", ""]
     lines += format_run(main)
     lines += ["", "where the loader's time goes (worker seconds during the run, all workers):"]
     lines += format_stages(main["stages"])

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 from dataflow.errors import ConfigError
 from dataflow.profiling import advice
 from dataflow.profiling.consumers import Consumer, idle
-from dataflow.profiling.monitor import StarvationMonitor
+from dataflow.profiling.monitor import StarvationMonitor, judged
 from dataflow.profiling.recorder import (StageRecorder, TimedUpstream, decode_counts, per_track_seconds,
                                         read_stage_events)
 from dataflow.profiling.breakdown import breakdown, merge_seconds
@@ -135,15 +135,15 @@ def run_config(s: RunSettings, consumer: Consumer, capacity: bool = True, keep_t
         "run": run["summary"],
         "stages": run["stages"],
     }
-    if cap is not None:
-        cs = cap["summary"]
+    if cap is not None:  # the steady state's figures, past the monitor's warm-up, where there is one
+        cs = judged(cap["summary"])
         out["capacity"] = {"batches_per_s": cs["batches_per_s"], "tokens_per_s": cs["tokens_per_s"],
                            "wait_p50_ms": cs["wait_p50_ms"], "stages": cap["stages"]}
-    step_s = run["summary"]["step_host_s"]
+    step_s = judged(run["summary"])["step_host_s"]
     if step_s > 0:
         out["needed_batches_per_s"] = 1.0 / step_s
-        if cap is not None and cap["summary"]["batches_per_s"] > 0:
-            out["headroom"] = cap["summary"]["batches_per_s"] * step_s
+        if cap is not None and out["capacity"]["batches_per_s"] > 0:
+            out["headroom"] = out["capacity"]["batches_per_s"] * step_s
     if keep_timeline:
         out["_timeline"], out["_stage_events"], out["_upstream"] = run["timeline"], run["events"], run["upstream"]
     out["advice"] = advice.advise(out)

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from dataflow.errors import ConfigError
 from dataflow.profiling.consumers import Consumer
+from dataflow.profiling.monitor import judged
 from dataflow.profiling.session import RunSettings, make_loader, run_config, with_settings
 
 TARGET_PCT = 1.0
@@ -44,13 +45,13 @@ def _cost(r: dict[str, Any]) -> tuple:
 
 def recommend(results: list[dict[str, Any]], target_pct: float = TARGET_PCT) -> dict[str, Any]:
     """The cheapest result below `target_pct` data wait; else the one that waited least, flagged."""
-    ok = [r for r in results if r["run"]["data_wait_pct"] < target_pct]
+    ok = [r for r in results if judged(r["run"])["data_wait_pct"] < target_pct]
     if ok:
         best = min(ok, key=_cost)
         why = (f"cheapest configuration below {target_pct:g}% data wait (fewest workers, then smallest depth, "
                f"then least memory)")
     else:
-        best = min(results, key=lambda r: (r["run"]["data_wait_pct"], _cost(r)))
+        best = min(results, key=lambda r: (judged(r["run"])["data_wait_pct"], _cost(r)))
         why = (f"no configuration got below {target_pct:g}% data wait; this one waited least. Try more workers "
                f"or a faster stage (see the breakdown)")
     s = best["settings"]
@@ -58,7 +59,7 @@ def recommend(results: list[dict[str, Any]], target_pct: float = TARGET_PCT) -> 
         why += ("; with num_workers=0 the batches are built by a thread of the training process, which a "
                 "sleeping step leaves idle but a real Python step competes with: confirm with --config")
     return {"settings": {k: s[k] for k in ("num_workers", "depth", "prefetch_factor")},
-            "data_wait_pct": best["run"]["data_wait_pct"], "met_target": bool(ok), "target_pct": target_pct,
+            "data_wait_pct": judged(best["run"])["data_wait_pct"], "met_target": bool(ok), "target_pct": target_pct,
             "why": why}
 
 
@@ -75,7 +76,7 @@ def sweep(base: RunSettings, grid: dict[str, list[int]], consumer: Consumer,
             progress(f"sweep {i + 1}/{len(combos)}: " + " ".join(f"{k}={v}" for k, v in zip(keys, values)))
         results.append(run_config(s, consumer, capacity=False, keep_timeline=False, loader_factory=loader_factory))
     rows = [{**{k: r["settings"][k] for k in ("num_workers", "depth", "prefetch_factor")},
-             "data_wait_pct": r["run"]["data_wait_pct"], "wait_p99_ms": r["run"]["wait_p99_ms"],
-             "batches_per_s": r["run"]["batches_per_s"], "memory_estimate_mb": r["memory_estimate_mb"],
+             "data_wait_pct": judged(r["run"])["data_wait_pct"], "wait_p99_ms": judged(r["run"])["wait_p99_ms"],
+             "batches_per_s": judged(r["run"])["batches_per_s"], "memory_estimate_mb": r["memory_estimate_mb"],
              "dominant_stage": r["stages"]["dominant"]} for r in results]
     return {"grid": grid, "rows": rows, "recommendation": recommend(results)}
