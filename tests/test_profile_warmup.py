@@ -81,6 +81,61 @@ def test_a_run_no_longer_than_its_warm_up_is_judged_whole_and_says_so():
     assert "no steady state" in mon.format_summary()
 
 
+class _Event:
+    """A CUDA event stand-in on the test's GPU clock; always complete."""
+
+    gpu = {"now": 0.0}
+
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        self.t = self.gpu["now"]
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def test_on_cuda_the_copy_wait_and_gpu_step_time_split_at_the_warm_up_too(monkeypatch):
+    """The first batch's copy keeps the GPU idle 185 ms while the host never blocks: copy wait, warm-up."""
+    from types import SimpleNamespace
+
+    from dataflow.profiling import gpu
+
+    def timer():
+        t = real_timer()
+        t._torch = SimpleNamespace(cuda=SimpleNamespace(Event=_Event))
+        return t
+
+    real_timer = gpu.CudaTimer
+    monkeypatch.setattr(gpu, "cuda_in_use", lambda device=None: True)
+    monkeypatch.setattr(gpu, "CudaTimer", timer)
+    host, _Event.gpu["now"] = {"now": 0.0}, 0.0
+    mon = StarvationMonitor(clock=lambda: host["now"], cpu_clock=lambda: 0.0, nvml=False)
+
+    def batches():
+        for i in range(20):
+            _Event.gpu["now"] += 0.185 if i == 0 else 0.0
+            yield {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+
+    for _ in mon.wrap(batches()):
+        with mon.step():
+            host["now"] += STEP
+            _Event.gpu["now"] += STEP
+    s = mon.summary()
+    assert s["copy_wait_s"] == pytest.approx(0.185) and s["data_wait_pct"] > 50
+    assert s["warmup"]["data_wait_s"] == pytest.approx(0.185) and s["steady"]["data_wait_s"] == pytest.approx(0)
+    assert s["steady"]["step_s"] == pytest.approx(STEP) and s["step_timing"].startswith("cuda events")
+    assert s["steady"]["wait_p99_ms"] == pytest.approx(0, abs=1e-6) and s["warmup"]["wait_p99_ms"] > 100
+    assert s["verdict"] == "compute-bound"
+
+
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     return write_random_dataset(tmp_path_factory.mktemp("profile-warmup") / "ds", 80, seed=3, min_len=100)
