@@ -9,6 +9,8 @@ walking an older one stops with an error instead of overwriting the new position
 Under torch's `DataLoader` with workers the position lives in those workers; `mark_untracked` (a flag
 in shared memory, so a worker can set it for the main process) makes `state_dict()` refuse then.
 The saved form is `LoaderState` (plan.py), unchanged since STATE_VERSION 2: old states still load.
+An epoch is counted in 64 bits: a sample's position in the stream, epoch x samples per epoch + i, is an int64
+(a mix locates its sources by it), so an epoch past `last_epoch` is refused in one line, never an overflow.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from dataflow.errors import ConfigError, DataflowError
 from dataflow.loading.plan import BatchPlan, LoaderState
 
 T = TypeVar("T")
+POSITIONS = 2**63  # sample positions (epoch x samples per epoch + i) are int64
+
+
+def last_epoch(num_samples: int) -> int:
+    """The last epoch whose every sample position fits in int64."""
+    return POSITIONS // max(num_samples, 1) - 1
 
 
 class Cursor:
@@ -40,6 +48,7 @@ class Cursor:
     # --- reading ----------------------------------------------------------------------------------
     def plan(self, rank: int, world: int, batch_size: int = 1, drop_last: bool = True) -> BatchPlan:
         """This rank's batches from the current position to the end of the epoch."""
+        self._check_epoch(self.epoch, "the next epoch")
         return BatchPlan(self.epoch, self.consumed, self.num_samples, rank, world, batch_size, drop_last)
 
     def state(self) -> LoaderState:
@@ -71,6 +80,7 @@ class Cursor:
         """Jump to the start of `epoch` (nothing moves if it is the current epoch)."""
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ConfigError(f"set_epoch takes an integer >= 0, got {epoch!r}")
+        self._check_epoch(int(epoch), "set_epoch")
         self.generation += 1
         if epoch != self.epoch:
             self.epoch, self.consumed = int(epoch), 0
@@ -92,5 +102,13 @@ class Cursor:
         """Jump to a saved position, after checking it belongs to this data and these settings."""
         saved = LoaderState.from_dict(state)
         saved.check_matches(self.state())
+        self._check_epoch(saved.epoch, "cannot resume")
         self.generation += 1
         self.epoch, self.consumed = saved.epoch, saved.consumed
+
+    def _check_epoch(self, epoch: int, what: str) -> None:
+        last = last_epoch(self.num_samples)
+        if epoch > last:
+            raise ConfigError(f"{what}: epoch {epoch} is past the last one that can be counted: at most {last:,} "
+                              f"with {self.num_samples:,} samples per epoch (sample positions are 64-bit); a "
+                              f"damaged state? start from a state_dict() or a smaller epoch")
