@@ -102,9 +102,11 @@ def _decoded(root: str, manifest, stack: contextlib.ExitStack):
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from dataflow.formats.writer import parse_size
     from dataflow.preprocess.run import TokenizeConfig, tokenize
+    from dataflow.preprocess.tiktoken_files import tiktoken_spec
 
+    tokenizer = tiktoken_spec(args.tokenizer, args.tiktoken_pattern)  # the pattern travels in the spec
     cfg = TokenizeConfig(
-        inputs=args.inputs, out=args.out, tokenizer=args.tokenizer, engine=args.engine,
+        inputs=args.inputs, out=args.out, tokenizer=tokenizer, engine=args.engine,
         text_field=args.text_field, id_field=args.id_field, format=args.format, compression=args.compression,
         zstd_level=args.zstd_level, shard_size=args.shard_size, workers=args.workers, seed=args.seed,
         val_fraction=args.val_fraction, eos=not args.no_eos, max_errors=args.max_errors,
@@ -285,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--engine", default="auto", choices=["auto", "gigatoken", "tiktoken", "hf"],
                    help="what encodes a tokenizer.json: auto = the fastest engine proven to give the ids of "
                    "tokenizers (gigatoken, then tiktoken, then hf = tokenizers itself); naming one forces it")
+    t.add_argument("--tiktoken-pattern", default=None, metavar="REGEX", help="the split pattern of a tiktoken:PATH "
+                   "file that is not a published one (r50k_base, p50k_base, cl100k_base, o200k_base and Llama 3's "
+                   "are known by sha256 and need none); its EOS is then <|endoftext|> = the number of ranks")
     t.add_argument("--text-field", default="text", help="JSON/Parquet field holding each document's text")
     t.add_argument("--id-field", default="id", help="field holding each document's id (a stable id is derived "
                    "from file and line when absent)")
