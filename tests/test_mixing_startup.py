@@ -1,6 +1,7 @@
 """Dataset mixing, start-up cost with huge manifests, and resume that never re-reads finished shards."""
 
 import json
+import os
 import time
 
 import numpy as np
@@ -78,10 +79,12 @@ def test_startup_reads_only_the_manifest_with_100k_shards(tmp_path, monkeypatch)
     make(tmp_path / "one", 0, 4_000, shard_size="1MB")
     index = json.loads((tmp_path / "one" / "index.json").read_text())
     shard = index["shards"][0]
-    index["shards"] = [dict(shard) for _ in range(100_000)]  # 100,000 entries, all the same real file
     big = tmp_path / "big"
     big.mkdir()
     (big / "shard-00000.arrow").write_bytes((tmp_path / "one" / shard["path"]).read_bytes())
+    index["shards"] = [dict(shard, path=f"shard-{i:06d}.arrow") for i in range(100_000)]  # 100,000 entries ...
+    for entry in index["shards"]:
+        os.symlink("shard-00000.arrow", big / entry["path"])  # ... each its own name for one real file
     (big / "index.json").write_text(json.dumps(index))
     opened = []
     real = reader_module.OpenShard

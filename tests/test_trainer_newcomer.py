@@ -14,7 +14,7 @@ import pytest
 
 from trainer.config import builtin_configs, load_config
 from trainer.loop import train
-from trainer.signals import COPY_WINDOW_S
+from trainer.signals import SAME_REQUEST_S
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -98,8 +98,8 @@ def test_sigterm_ends_a_run_whose_step_is_far_beyond_the_machine(tmp_path, kjv):
         proc.send_signal(signal.SIGTERM)
         _wait_for(err, "stopping after the current step", proc, 60)  # answered mid-step
         answered = time.monotonic()
-        proc.send_signal(signal.SIGTERM)  # within COPY_WINDOW_S of the first: its copy (`timeout` sends two)
-        time.sleep(max(0.0, COPY_WINDOW_S + 0.2 - (time.monotonic() - answered)))
+        proc.send_signal(signal.SIGTERM)  # within SAME_REQUEST_S of the first: its copy (`timeout` sends two)
+        time.sleep(max(0.0, SAME_REQUEST_S + 0.2 - (time.monotonic() - answered)))
         assert proc.poll() is None, err.read_text()
         proc.send_signal(signal.SIGTERM)  # later: a second request
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM

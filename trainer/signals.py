@@ -10,7 +10,7 @@ from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # Copies of one stop request arrive within milliseconds of each other; a second request is a person's, later.
-COPY_WINDOW_S = 2.0
+SAME_REQUEST_S = 2.0
 _installed: list["StopFlag"] = []  # the StopFlag whose handlers and wakeup fd this process has now
 _fork_masks = threading.local()
 
@@ -37,7 +37,7 @@ class StopFlag:
       signals from other processes, ordinary ones, that only their timing tells apart from a person's second
       request; POSIX gives a handler no sender in Python, and `sigwaitinfo` (which does) needs the signals
       blocked in every thread of the process, which would leak into every program it starts. So a signal
-      within COPY_WINDOW_S of the first is the same request; one at least that long after it is a second.
+      within SAME_REQUEST_S of the first is the same request; one at least that long after it is a second.
     """
 
     def __init__(self, announce: bool = True) -> None:
@@ -82,8 +82,8 @@ class StopFlag:
                 if first is None:
                     first = now
                     self._say(f"{name}: stopping after the current step (with a checkpoint when checkpoint.dir "
-                              f"is set); send it again, {COPY_WINDOW_S:g} s or more after the first, to stop at once")
-                elif now - first >= COPY_WINDOW_S:
+                              f"is set); send it again, {SAME_REQUEST_S:g} s or more after the first, to stop at once")
+                elif now - first >= SAME_REQUEST_S:
                     self._say(f"{name} again: stopped at once, without a checkpoint")
                     os._exit(128 + signum)
 

@@ -11,6 +11,7 @@ import json
 import os
 import posixpath
 import re
+import stat
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -295,7 +296,7 @@ def _read_bounded(f: Any, url: str) -> bytes:
     limit = manifest_max_bytes()
     if limit is None:
         return f.read()
-    declared = getattr(f, "size", None)
+    declared = _declared_size(f)
     if isinstance(declared, int) and declared > limit:
         raise _too_large(url, limit, declared)
     chunks, total = [], 0
@@ -306,8 +307,20 @@ def _read_bounded(f: Any, url: str) -> bytes:
             return b"".join(chunks)
         chunks.append(chunk)
         total += len(chunk)
-        want = 16 << 20
+        want = 1 << 20  # read(n) allocates n bytes up front, even when the file has ended
     raise _too_large(url, limit)
+
+
+def _declared_size(f: Any) -> int | None:
+    """The size an fsspec file reports, or a local regular file's; None for a pipe, a device, a stream."""
+    size = getattr(f, "size", None)
+    if isinstance(size, int):
+        return size
+    try:
+        st = os.fstat(f.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def _too_large(url: str, limit: int, declared: int | None = None) -> FormatError:
