@@ -25,7 +25,7 @@ _LAZY = {
 
 __all__ = ["ShardWriter", "TokenizerMeta", "DataflowError", "InputError", "InputNotFoundError", "FormatError",
            "ConfigError", "StorageError", "WorkerDied", "TrainingAborted", "NotADatasetError", "MissingDependencyError",
-           "CredentialsError", "UnreachableError", "CacheFullError", "CacheUnwritable", *_LAZY]
+           "CredentialsError", "UnreachableError", "CacheFullError", "CacheUnwritable", "__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

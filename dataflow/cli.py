@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 
 from dataflow import env
 from dataflow.convert.command import add_convert_parser
-from dataflow.errors import ConfigError, DataflowError, debug_enabled
+from dataflow.debug import debug_enabled
+from dataflow.errors import ConfigError, DataflowError
 from dataflow.profiling.subcommand import add_profile_parser
 from dataflow.units import count
 
@@ -49,7 +50,7 @@ def version_line() -> str:
     import platform
     from importlib import metadata
 
-    from dataflow import __version__
+    from dataflow.version import __version__
     from dataflow.formats.manifest import FORMAT_VERSION
 
     try:

@@ -69,18 +69,3 @@ class CacheUnwritable(ConfigError):
     `DATAFLOW_CACHE` (or `cache_dir=`) at a folder you can write."""
 
     reason = ""  # what the system said
-
-
-def debug_enabled() -> bool:
-    """True when the user asked for full tracebacks (`--debug` sets `DATAFLOW_DEBUG=1`)."""
-    from dataflow import env
-
-    try:
-        return env.flag("DATAFLOW_DEBUG")
-    except ConfigError:
-        return True  # a value that is neither on nor off: show the tracebacks it probably asked for
-
-
-def cause(e: BaseException) -> BaseException | None:
-    """What to chain a user-facing error to: the original exception in debug mode, else nothing."""
-    return e if debug_enabled() else None

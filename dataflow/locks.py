@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Callable
 
-from dataflow.errors import cause
+from dataflow.debug import cause
 
 _fds: set[int] = set()  # every lock fd this process holds open
 _fds_mu = threading.Lock()

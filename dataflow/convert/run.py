@@ -21,6 +21,7 @@ from dataflow.errors import ConfigError
 from dataflow.formats.atomic import atomic_open
 from dataflow.formats.manifest import TokenizerMeta
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, DocIds, ShardWriter
+from dataflow.version import __version__
 
 KINDS = ("megatron", "nanogpt")
 Batches = Iterator[tuple[int, np.ndarray, np.ndarray]]  # (first document, tokens, offsets from 0)
@@ -60,14 +61,12 @@ class WriteOptions:
 def _write_dataset(kind: str, sources: list[str], batches: Callable[[str, TokenizerMeta], Batches], out: str,
                    spec: str, options: WriteOptions, progress: Progress, settings: dict, total: int) -> Summary:
     """Write the documents of `sources` (in order; ids SOURCE:index) as one dataset at `out`."""
-    import dataflow
-
     refuse_overlap([p for source in sources for p in _files_of(kind, source)], [out])
     with dataset_output(out, options.overwrite) as tmp:
         meta = tokenizer_meta(spec, tmp)
         progress.start(total)
         provenance = {"inputs": sources, "settings": {"from": kind, "tokenizer": meta.name, **settings},
-                      "dataflow": dataflow.__version__}
+                      "dataflow": __version__}
         with ShardWriter(tmp, tokenizer_meta=meta, format=options.format, compression=options.compression,
                          shard_size=options.shard_size, provenance=provenance) as w:
             for source in sources:

@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import fsspec
 
-from dataflow.errors import ConfigError, DataflowError, StorageError, cause
+from dataflow.debug import cause
+from dataflow.errors import ConfigError, DataflowError, StorageError
 from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.formats.remote_errors import explain

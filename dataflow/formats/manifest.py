@@ -18,7 +18,8 @@ from typing import Any
 import fsspec
 
 from dataflow import env
-from dataflow.errors import DataflowError, FormatError, NotADatasetError, cause
+from dataflow.debug import cause
+from dataflow.errors import DataflowError, FormatError, NotADatasetError
 from dataflow.formats import remote
 from dataflow.formats.atomic import write_json_atomic
 from dataflow.formats.remote_errors import explain, read_failed, server_error

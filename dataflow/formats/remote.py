@@ -31,7 +31,8 @@ from urllib.parse import quote, unquote
 from fsspec.callbacks import Callback
 
 from dataflow import env
-from dataflow.errors import FormatError, UnreachableError, cause
+from dataflow.debug import cause
+from dataflow.errors import FormatError, UnreachableError
 from dataflow.formats.remote_errors import chain
 
 log = logging.getLogger(__name__)

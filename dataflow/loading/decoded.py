@@ -17,7 +17,8 @@ import os
 import time
 from typing import Any, Callable
 
-from dataflow.errors import FormatError, cause
+from dataflow.debug import cause
+from dataflow.errors import FormatError
 from dataflow.formats.arrow import decode_arrow_shard
 from dataflow.formats.hashing import sha256_local
 from dataflow.formats.manifest import ShardInfo

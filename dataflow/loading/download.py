@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from dataflow.errors import FormatError, StorageError, cause
+from dataflow.debug import cause
+from dataflow.errors import FormatError, StorageError
 from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain

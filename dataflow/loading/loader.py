@@ -21,7 +21,8 @@ import torch
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dataflow.errors import ConfigError, WorkerDied, cause
+from dataflow.debug import cause
+from dataflow.errors import ConfigError, WorkerDied
 from dataflow.loading.contract import SampleSource, StageSnapshot
 from dataflow.loading.handoff import WorkerPool, how_it_ended
 from dataflow.loading.plan import BatchPlan

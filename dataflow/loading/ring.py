@@ -16,7 +16,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from dataflow.errors import ConfigError, cause
+from dataflow.debug import cause
+from dataflow.errors import ConfigError
 
 PAGE = 4096
 SHM = "/dev/shm"  # where torch's shared tensors live on Linux (both of its sharing strategies)

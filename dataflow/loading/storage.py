@@ -23,7 +23,8 @@ from typing import Any, Callable
 import fsspec
 
 from dataflow import env
-from dataflow.errors import CacheFullError, FormatError, StorageError, cause
+from dataflow.debug import cause
+from dataflow.errors import CacheFullError, FormatError, StorageError
 from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain

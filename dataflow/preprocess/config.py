@@ -13,7 +13,8 @@ from typing import Any
 
 import fsspec
 
-from dataflow.errors import ConfigError, cause
+from dataflow.debug import cause
+from dataflow.errors import ConfigError
 from dataflow.formats.remote_errors import missing_backend
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size
 from dataflow.preprocess.executors import check_executor

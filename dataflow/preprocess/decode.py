@@ -14,7 +14,8 @@ from typing import Any, Iterator
 
 import fsspec
 
-from dataflow.errors import FormatError, StorageError, cause
+from dataflow.debug import cause
+from dataflow.errors import FormatError, StorageError
 from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, TokenizerMeta
 from dataflow.formats.reader import ShardFiles, iter_documents

@@ -20,7 +20,8 @@ from typing import Any
 
 import fsspec
 
-from dataflow.errors import ConfigError, DataflowError, FormatError, StorageError, cause
+from dataflow.debug import cause
+from dataflow.errors import ConfigError, DataflowError, FormatError, StorageError
 from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest, write_manifest
 from dataflow.formats.remote_errors import explain

@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 
 import fsspec
 
-from dataflow.errors import ConfigError, CredentialsError, DataflowError, UnreachableError, cause
+from dataflow.debug import cause
+from dataflow.errors import ConfigError, CredentialsError, DataflowError, UnreachableError
 from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, manifest_url
 from dataflow.formats.remote_errors import explain, missing_backend

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 from dataflow import locks
-from dataflow.errors import ConfigError, DataflowError, cause
+from dataflow.debug import cause
+from dataflow.errors import ConfigError, DataflowError
 from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import shard_extension

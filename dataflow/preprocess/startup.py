@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dataflow.errors import ConfigError, cause
+from dataflow.debug import cause
+from dataflow.errors import ConfigError
 from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import parse_size

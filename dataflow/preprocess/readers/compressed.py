@@ -26,7 +26,8 @@ from typing import IO, Iterator
 import fsspec
 import zstandard
 
-from dataflow.errors import InputError, cause
+from dataflow.debug import cause
+from dataflow.errors import InputError
 from dataflow.formats import remote
 from dataflow.formats.remote_errors import explain, first_line, read_failed
 from dataflow.preprocess.readers.listing import split_compression

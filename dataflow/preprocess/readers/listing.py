@@ -17,7 +17,8 @@ from typing import Callable
 
 import fsspec
 
-from dataflow.errors import ConfigError, DataflowError, InputError, InputNotFoundError, MissingDependencyError, cause
+from dataflow.debug import cause
+from dataflow.errors import ConfigError, DataflowError, InputError, InputNotFoundError, MissingDependencyError
 from dataflow.formats import remote
 from dataflow.formats.remote_errors import explain, first_line, missing_backend, read_failed
 from dataflow.preprocess.readers import datasets_folder, not_inputs

@@ -33,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataflow.errors import DataflowError, InputError, cause
+from dataflow.debug import cause
+from dataflow.errors import DataflowError, InputError
 from dataflow.formats import arrays, remote
 from dataflow.formats.remote_errors import explain, first_line, read_failed
 from dataflow.preprocess.readers.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
