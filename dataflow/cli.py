@@ -103,7 +103,7 @@ def _decoded(root: str, manifest, stack: contextlib.ExitStack):
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from dataflow.formats.writer import parse_size
     from dataflow.preprocess.run import TokenizeConfig, tokenize
-    from dataflow.preprocess.tiktoken_files import tiktoken_spec
+    from dataflow.tokenizers.tiktoken_files import tiktoken_spec
 
     tokenizer = tiktoken_spec(args.tokenizer, args.tiktoken_pattern)  # the pattern travels in the spec
     cfg = TokenizeConfig(

@@ -11,6 +11,9 @@ FORBIDDEN = {
     "dataflow/formats": ("dataflow.loading", "dataflow.preprocess", "dataflow.profiling", "trainer"),
     "dataflow/loading": ("dataflow.profiling", "dataflow.preprocess", "trainer"),
     "dataflow/profiling": ("dataflow.preprocess", "trainer"),
+    # text -> ids: used by tokenize, convert, decode and the CLI, and knows none of them
+    "dataflow/tokenizers": ("dataflow.preprocess", "dataflow.convert", "dataflow.cli", "dataflow.loading",
+                            "dataflow.profiling", "trainer"),
 }
 
 
@@ -53,16 +56,17 @@ LOADING_LAYERS = [
 ]
 
 
-def _loading_imports(path: pathlib.Path) -> set[str]:
-    """The sibling modules of loading/ that a loading module imports."""
+def _sibling_imports(path: pathlib.Path, package: str = "dataflow.loading") -> set[str]:
+    """The modules of `package` (e.g. dataflow.loading) that a module imports."""
+    depth = package.count(".") + 1
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module == "dataflow.loading":
+        if isinstance(node, ast.ImportFrom) and node.module == package:
             found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dataflow.loading."):
-            found.add(node.module.split(".")[2])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package + "."):
+            found.add(node.module.split(".")[depth])
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[2] for a in node.names if a.name.startswith("dataflow.loading."))
+            found.update(a.name.split(".")[depth] for a in node.names if a.name.startswith(package + "."))
     return found
 
 
@@ -71,7 +75,7 @@ def test_loading_modules_import_only_downward():
     files = {p.stem for p in (ROOT / "dataflow" / "loading").glob("*.py")} - {"__init__"}
     assert files == set(rank), f"place each loading module in LOADING_LAYERS: {sorted(files ^ set(rank))}"
     bad = [f"loading/{m}.py imports loading/{n}.py (not below it)"
-           for m in sorted(files) for n in sorted(_loading_imports(ROOT / "dataflow" / "loading" / f"{m}.py"))
+           for m in sorted(files) for n in sorted(_sibling_imports(ROOT / "dataflow" / "loading" / f"{m}.py"))
            if rank[n] <= rank[m]]
     assert not bad, "\n".join(bad)
 
@@ -96,10 +100,6 @@ PREPROCESS_ROLES = [
     ("commit", "progress"),  # the coordinator's records of finished work
     ("worker",),  # one bundle: read, tokenize, write finished shards
     ("plan", "output", "journal"),  # the cut into units; local or object-store output; the journal's format
-    ("tokenizers",),  # the tokenizers and their engines
-    ("gigatoken_engine", "tiktoken_files", "hf_reference"),
-    ("tiktoken_engine",),
-    ("bpe_convert", "flat"),
     ("readers",),  # reading inputs: every module under readers/
 ]
 READER_ROLE = "readers"
@@ -162,15 +162,35 @@ def test_the_preprocess_guard_catches_an_upward_import_wherever_the_readers_live
     (pkg / "worker.py").write_text("from dataflow.preprocess.readers.blocks import read_unit_blocks\n")
     (pkg / "readers" / "blocks.py").write_text("from ..worker import BundleResult\n")  # upward: relative
     (pkg / "readers" / "text.py").write_text("import dataflow.preprocess.journal\n")  # upward: any reader
-    (pkg / "flat.py").write_text("from dataflow.preprocess import run\n")  # upward: a reader's peer
+    (pkg / "plan.py").write_text("from dataflow.preprocess import run\n")  # upward: a reader's peer
     (pkg / "executors.py").write_text("from dataflow.preprocess.run import main\n")  # upward
     assert preprocess_violations(pkg) == [
         "preprocess/executors.py (executors) imports dataflow.preprocess.run (run)",
-        "preprocess/flat.py (flat) imports dataflow.preprocess.run (run)",
+        "preprocess/plan.py (plan) imports dataflow.preprocess.run (run)",
         "preprocess/readers/blocks.py (readers) imports dataflow.preprocess.worker (worker)",
         "preprocess/readers/text.py (readers) imports dataflow.preprocess.journal (journal)",
     ]
 
 
+# Inside tokenizers/: layers from the top, as in loading/.
+TOKENIZER_LAYERS = [
+    ("load",),  # the Tokenizer interface, its three kinds, load_tokenizer: the package's door
+    ("gigatoken_engine", "tiktoken_files", "hf_reference"),  # the fast engines; .tiktoken files; the reference
+    ("tiktoken_engine",),
+    ("bpe_convert", "flat"),  # tokenizer.json to merges and ranks; flat (values, offsets) id arrays
+]
+
+
+def test_tokenizer_modules_import_only_downward():
+    rank = {m: i for i, layer in enumerate(TOKENIZER_LAYERS) for m in layer}
+    root = ROOT / "dataflow" / "tokenizers"
+    files = {p.stem for p in root.glob("*.py")} - {"__init__"}
+    assert files == set(rank), f"place each tokenizers module in TOKENIZER_LAYERS: {sorted(files ^ set(rank))}"
+    bad = [f"tokenizers/{m}.py imports tokenizers/{n}.py (not below it)"
+           for m in sorted(files) for n in sorted(_sibling_imports(root / f"{m}.py", "dataflow.tokenizers"))
+           if rank[n] <= rank[m]]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_prefetcher_knows_the_loader_only_through_the_contract():
-    assert "loader" not in _loading_imports(ROOT / "dataflow" / "loading" / "prefetch.py")
+    assert "loader" not in _sibling_imports(ROOT / "dataflow" / "loading" / "prefetch.py")

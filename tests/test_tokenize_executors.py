@@ -17,7 +17,7 @@ from dataflow.errors import ConfigError
 from dataflow.preprocess import executors, startup
 from dataflow.preprocess.plan import bundle_units, file_sizes, plan_units
 from dataflow.preprocess.run import TokenizeConfig, tokenize
-from dataflow.preprocess.tokenizers import load_tokenizer
+from dataflow.tokenizers.load import load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
 from test_tokenize_scale import dataset_bytes
 

@@ -46,7 +46,7 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
 
 def test_the_engine_proof_samples_a_bounded_prefix_of_a_huge_first_document(tmp_path, monkeypatch):
     from dataflow.preprocess import startup
-    from dataflow.preprocess.tokenizers import SAMPLE_CHARS
+    from dataflow.tokenizers.load import SAMPLE_CHARS
 
     seen = []
     real = startup.load_tokenizer

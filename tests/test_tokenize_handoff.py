@@ -13,12 +13,12 @@ import pytest
 import zstandard
 
 from conftest import GPT2_JSON
-from dataflow.preprocess import hf_reference, tokenizers
+from dataflow.tokenizers import hf_reference, load as tokenizers
 from dataflow.preprocess.plan import Unit, plan_units
 from dataflow.preprocess.readers import expand, read_unit_blocks
 from dataflow.preprocess.run import TokenizeConfig, tokenize
 from dataflow.preprocess.worker import UnitSpec, tokenize_bundle
-from dataflow.preprocess.tokenizers import load_tokenizer
+from dataflow.tokenizers.load import load_tokenizer
 from test_tokenize_scale import dataset_bytes
 
 

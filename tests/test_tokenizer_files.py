@@ -30,9 +30,9 @@ from dataflow.cli import main
 from dataflow.errors import ConfigError
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.reader import iter_documents
-from dataflow.preprocess import tiktoken_files
-from dataflow.preprocess.tiktoken_files import tiktoken_spec
-from dataflow.preprocess.tokenizers import load_tokenizer
+from dataflow.tokenizers import tiktoken_files
+from dataflow.tokenizers.tiktoken_files import tiktoken_spec
+from dataflow.tokenizers.load import load_tokenizer
 from test_tokenizers import LLAMA3_PATTERN
 
 GPT2_LINES = GPT2_TIKTOKEN.read_bytes().splitlines()

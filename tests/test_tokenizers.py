@@ -21,9 +21,9 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from conftest import GPT2_JSON, GPT2_TIKTOKEN
 from dataflow.errors import ConfigError
-from dataflow.preprocess import bpe_convert, tiktoken_engine
-from dataflow.preprocess import tokenizers as tk
-from dataflow.preprocess.tokenizers import load_tokenizer, tokenizer_for_dataset
+from dataflow.tokenizers import bpe_convert, tiktoken_engine
+from dataflow.tokenizers import load as tk
+from dataflow.tokenizers.load import load_tokenizer, tokenizer_for_dataset
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -198,7 +198,7 @@ def test_threads_give_the_same_ids(docs, gpt2_ref):
 
 def test_hf_threads_in_a_fresh_process(kjv_bpe):
     """rayon sizes its pool once per process, so the multi-thread tokenizers path runs in its own."""
-    code = ("import os, sys; from dataflow.preprocess.tokenizers import load_tokenizer; "
+    code = ("import os, sys; from dataflow.tokenizers.load import load_tokenizer; "
             "t = load_tokenizer(sys.argv[1], engine='hf', threads=2); "
             "print(os.environ['RAYON_NUM_THREADS'], t.encode_batch(['In the beginning'] * 8)[7].tolist())")
     env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
@@ -348,7 +348,7 @@ def test_bad_json_and_bad_threads_are_config_errors(tmp_path):
 
 
 def test_a_proof_is_remembered_per_file_and_engine_versions(tmp_path, monkeypatch):
-    import dataflow.preprocess.tokenizers as toks
+    import dataflow.tokenizers.load as toks
 
     monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path))
     monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
@@ -363,7 +363,7 @@ def test_a_proof_is_remembered_per_file_and_engine_versions(tmp_path, monkeypatc
 
 
 def test_remembered_ranks_skip_the_conversion_and_a_damaged_record_is_ignored(tmp_path, monkeypatch):
-    import dataflow.preprocess.tokenizers as toks
+    import dataflow.tokenizers.load as toks
 
     monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path))
     monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})

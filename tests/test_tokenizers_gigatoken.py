@@ -18,8 +18,8 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from conftest import GPT2_JSON
 from dataflow.errors import ConfigError
-from dataflow.preprocess import bpe_convert, gigatoken_engine, hf_reference
-from dataflow.preprocess.tokenizers import load_tokenizer
+from dataflow.tokenizers import bpe_convert, gigatoken_engine, hf_reference
+from dataflow.tokenizers.load import load_tokenizer
 from test_tokenizers import docs, gpt2_ref, reference_ids, same_ids  # noqa: F401 (fixtures)
 
 PROBE = bpe_convert.probe_texts()

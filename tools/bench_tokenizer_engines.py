@@ -30,7 +30,7 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 import zstandard  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from dataflow.preprocess.tokenizers import load_tokenizer  # noqa: E402
+from dataflow.tokenizers.load import load_tokenizer  # noqa: E402
 from tools import repo_data  # noqa: E402
 
 

@@ -43,7 +43,7 @@ def main() -> int:
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     from dataflow.preprocess.plan import plan_units
     from dataflow.preprocess.run import TokenizeConfig, tokenize
-    from dataflow.preprocess.tokenizers import load_tokenizer
+    from dataflow.tokenizers.load import load_tokenizer
     from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer, tokenize_bundle
 
     files = sorted(glob.glob(os.path.join(args.work, "input", "*.jsonl")))

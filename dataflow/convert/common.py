@@ -21,7 +21,7 @@ def tokenizer_meta(spec: str, folder: str) -> TokenizerMeta:
     """The manifest's tokenizer for `--tokenizer SPEC`, exactly as `dataflow tokenize` makes it (its file
     copied into `folder`). Nothing is encoded, so a tokenizer.json loads on `tokenizers` without proofs and a
     .tiktoken file needs no split pattern."""
-    from dataflow.preprocess.tokenizers import load_tokenizer
+    from dataflow.tokenizers.load import load_tokenizer
 
     engine = "hf" if spec != "bytes" and not spec.startswith("tiktoken:") else "auto"
     return load_tokenizer(spec, engine, decode_only=True).copy_into(folder)

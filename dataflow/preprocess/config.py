@@ -20,7 +20,7 @@ from dataflow.formats.writer import DEFAULT_SHARD_SIZE, check_shard_size, check_
 from dataflow.preprocess.executors import check_executor
 from dataflow.preprocess.journal import input_digest
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
-from dataflow.preprocess.tiktoken_files import split_spec, tiktoken_spec
+from dataflow.tokenizers.tiktoken_files import split_spec, tiktoken_spec
 
 MIN_UNIT_SIZE = 64 << 10  # --unit-size below this only multiplies units (a 1-byte unit per input byte)
 

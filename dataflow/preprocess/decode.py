@@ -20,7 +20,7 @@ from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, TokenizerMeta
 from dataflow.formats.reader import ShardFiles, iter_documents
 from dataflow.formats.remote_errors import explain, server_error
-from dataflow.preprocess.tokenizers import Tokenizer, tokenizer_for_dataset
+from dataflow.tokenizers.load import Tokenizer, tokenizer_for_dataset
 
 
 def decode_documents(dataset: str, manifest: Manifest, files: ShardFiles | None = None,

@@ -19,7 +19,7 @@ from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, Tokeni
 from dataflow.preprocess import output
 from dataflow.preprocess.journal import Progress
 from dataflow.preprocess.layout import Layout
-from dataflow.preprocess.tokenizers import Tokenizer
+from dataflow.tokenizers.load import Tokenizer
 from dataflow.version import __version__
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.readers import Reading, expand_inputs, read_bundles, workers_read_whole
-from dataflow.preprocess.tokenizers import Tokenizer, load_tokenizer
+from dataflow.tokenizers.load import Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 
 

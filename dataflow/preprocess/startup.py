@@ -27,7 +27,7 @@ from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, bundle_units, file_size
 from dataflow.preprocess.readers.pieces import splits_into_pieces
 from dataflow.preprocess.readers import first_record_fields, read_unit_blocks
 from dataflow.preprocess.readers.records import Unit
-from dataflow.preprocess.tokenizers import SAMPLE_CHARS, Tokenizer, load_tokenizer
+from dataflow.tokenizers.load import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
 
 if TYPE_CHECKING:

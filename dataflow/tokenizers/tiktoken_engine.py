@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import pyarrow as pa
 
-from dataflow.preprocess import bpe_convert
-from dataflow.preprocess.bpe_convert import NotConvertible
-from dataflow.preprocess.flat import Flat, flat_from_lists
+from dataflow.tokenizers import bpe_convert
+from dataflow.tokenizers.bpe_convert import NotConvertible
+from dataflow.tokenizers.flat import Flat, flat_from_lists
 
 if TYPE_CHECKING:
     import tiktoken

@@ -239,7 +239,7 @@ def _known_encoding(name: str, sha256: str, ranks: dict[bytes, int], base: str) 
 def tiktoken_encoding(f: TiktokenFile, user_pattern: str | None = None) -> "tiktoken.Encoding":
     """The tiktoken Encoding of a read file. A pattern of the user's (`user_pattern`) must compile and match
     every character of the probe text: tiktoken drops what the pattern leaves unmatched, silently."""
-    from dataflow.preprocess import bpe_convert, tiktoken_engine
+    from dataflow.tokenizers import bpe_convert, tiktoken_engine
 
     try:
         enc = tiktoken_engine.encoding(f.name, f.pat_str, f.ranks, f.special_tokens)

@@ -17,7 +17,7 @@ from typing import Any
 from dataflow.errors import ConfigError
 from dataflow.formats.atomic import write_json_atomic
 from dataflow.formats.manifest import TokenizerMeta
-from dataflow.preprocess import bpe_convert
+from dataflow.tokenizers import bpe_convert
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
 # Ids below this pass however few the entries (tables of this many ids cost engines a few MB); beyond it the largest

@@ -31,9 +31,9 @@ import pyarrow as pa
 from dataflow import env
 from dataflow.formats.atomic import atomic_open, write_json_atomic
 from dataflow.memory import release_freed_memory
-from dataflow.preprocess import bpe_convert
-from dataflow.preprocess.bpe_convert import NotConvertible
-from dataflow.preprocess.flat import Flat, string_buffers
+from dataflow.tokenizers import bpe_convert
+from dataflow.tokenizers.bpe_convert import NotConvertible
+from dataflow.tokenizers.flat import Flat, string_buffers
 
 log = logging.getLogger(__name__)
 Reference = Callable[[list[str]], list[list[int]]]

@@ -26,9 +26,9 @@ import pyarrow as pa
 
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import TokenizerMeta
-from dataflow.preprocess import bpe_convert, hf_reference, tiktoken_files
-from dataflow.preprocess.bpe_convert import NotConvertible
-from dataflow.preprocess.flat import Flat, arrow_texts, flat_from_lists, scrub, split_flat, string_buffers
+from dataflow.tokenizers import bpe_convert, hf_reference, tiktoken_files
+from dataflow.tokenizers.bpe_convert import NotConvertible
+from dataflow.tokenizers.flat import Flat, arrow_texts, flat_from_lists, scrub, split_flat, string_buffers
 
 log = logging.getLogger(__name__)
 
@@ -296,13 +296,13 @@ class HFTokenizer(Tokenizer):
 
 
 def _gigatoken():
-    from dataflow.preprocess import gigatoken_engine
+    from dataflow.tokenizers import gigatoken_engine
 
     return gigatoken_engine
 
 
 def _tiktoken():
-    from dataflow.preprocess import tiktoken_engine
+    from dataflow.tokenizers import tiktoken_engine
 
     return tiktoken_engine
 
@@ -316,7 +316,7 @@ class TiktokenTokenizer(Tokenizer):
 
     def __init__(self, source: str, data: bytes, threads: int = 1, pattern: str | None = None,
                  decode_only: bool = False) -> None:
-        from dataflow.preprocess.tiktoken_engine import TiktokenEngine
+        from dataflow.tokenizers.tiktoken_engine import TiktokenEngine
 
         self._file = tiktoken_files.read(source, data, pattern, decode_only=decode_only)
         self._engine = TiktokenEngine(tiktoken_files.tiktoken_encoding(self._file, user_pattern=pattern), threads)
