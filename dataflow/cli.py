@@ -299,8 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--compression", default="zstd", choices=["zstd", "none"], help="shard compression")
     t.add_argument("--zstd-level", type=int, default=None, help="zstd level: 1 (fast) to 22 (small), or negative "
                    "down to -131072 for faster, larger shards (default: Arrow's own, 1, for arrow shards; 3 for tar)")
-    t.add_argument("--shard-size", default="128MB", help="at most this many token bytes per shard before "
-                   "compression (e.g. 256MB); a bundle's end also ends its shards")
+    t.add_argument("--shard-size", default="128MB", help="token bytes a shard reaches before it ends, counted "
+                   "before compression (e.g. 256MB): a shard ends with the document that reaches it (documents are "
+                   "never split, so a shard may pass it by one document; its file also holds ids and offsets); a "
+                   "bundle's end also ends its shards")
     t.add_argument("--workers", type=_workers, default="auto", help="worker processes: a number, or auto (also "
                    "written 0) for one per CPU")
     t.add_argument("--seed", type=int, default=0, help="seed of the per-document train/val split")
