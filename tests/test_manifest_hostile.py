@@ -15,6 +15,7 @@ import pytest
 from dataflow import FormatError, ShardWriter, StreamingDataset, TokenizerMeta
 from dataflow.cli import main
 from dataflow.formats import manifest as manifest_mod
+from dataflow.formats.manifest_bounds import manifest_max_bytes
 from dataflow.formats import remote
 from http_files import _Files as Files
 from http_files import serve
@@ -135,7 +136,7 @@ def test_the_default_bound_holds_a_manifest_of_a_million_shards():
     entry = {"path": "part-00000/shard-000000-000.arrow", "documents": 10**9, "tokens": 10**12,
              "bytes": 10**10, "sha256": "a" * 64}
     per_shard = len(json.dumps({"shards": [entry] * 100}, indent=1)) / 100
-    assert 1_000_000 * per_shard * 4 <= manifest_mod.manifest_max_bytes()
+    assert 1_000_000 * per_shard * 4 <= manifest_max_bytes()
 
 
 @pytest.mark.heavy

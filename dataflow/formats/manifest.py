@@ -11,17 +11,16 @@ import json
 import os
 import posixpath
 import re
-import stat
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import fsspec
 
-from dataflow import env
 from dataflow.debug import cause
 from dataflow.errors import DataflowError, FormatError, NotADatasetError
 from dataflow.formats import remote
 from dataflow.formats.atomic import write_json_atomic
+from dataflow.formats.manifest_bounds import MAX_DEPTH, nested_deeper, read_bounded, too_deep
 from dataflow.formats.remote_errors import explain, read_failed, server_error
 from dataflow.locks import held_elsewhere
 
@@ -33,12 +32,6 @@ TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
 # The most documents, tokens or bytes a shard or a whole dataset may claim: far beyond any corpus, and small
 # enough that no sum, offset or size computed from them overflows int64 (or loses precision in a float64).
 MAX_COUNT = 2**53
-# The most bytes a manifest is read to (DATAFLOW_MANIFEST_MAX_BYTES moves it): a million shards take about 200 MB,
-# so this is generous, and it stops a server's endless answer (or a link to /dev/zero) before memory runs out.
-MANIFEST_MAX_BYTES = 1 << 30
-# The deepest nesting a manifest may have outside its shard list (whose entries are typed fields): a manifest
-# needs a few levels; its provenance is written back out (merge, `inspect --json`) by recursive encoders.
-MAX_DEPTH = 32
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -253,7 +246,7 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
 
     def read() -> bytes:
         with fsspec.open(url, "rb", **remote.with_timeouts(url, storage_options)) as f:
-            return _read_bounded(f, url)
+            return read_bounded(f, url)
 
     try:
         raw = remote.with_retries(url, read) if remote.is_remote(url) else read()
@@ -271,7 +264,7 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
     try:
         d = json.loads(raw)
     except RecursionError:
-        raise _too_deep(url) from None
+        raise too_deep(url) from None
     except ValueError as e:
         if posixpath.basename(url) != MANIFEST_NAME:  # e.g. a JSON-lines corpus named x.json
             raise NotADatasetError(f"{url} is not a dataflow manifest (not one JSON object); pass a folder "
@@ -280,72 +273,9 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
     if not isinstance(d, dict) or "version" not in d:
         raise NotADatasetError(f"{url} is not a dataflow manifest (no format version); pass a folder made "
                                "by `dataflow tokenize`")
-    if _nested_deeper({k: v for k, v in d.items() if k != "shards"}, MAX_DEPTH):
-        raise _too_deep(url)
+    if nested_deeper({k: v for k, v in d.items() if k != "shards"}, MAX_DEPTH):
+        raise too_deep(url)
     return Manifest.from_dict(d, where=url)
-
-
-def manifest_max_bytes() -> int | None:
-    """The most bytes a manifest is read to: DATAFLOW_MANIFEST_MAX_BYTES, else `MANIFEST_MAX_BYTES`; None: no bound."""
-    chosen = env.size("DATAFLOW_MANIFEST_MAX_BYTES")
-    return MANIFEST_MAX_BYTES if chosen is None else None if chosen == "none" else int(chosen)
-
-
-def _read_bounded(f: Any, url: str) -> bytes:
-    """The whole of open file `f`, refused once it is longer than a manifest may be (before it is all read: a
-    server's endless answer, a link to /dev/zero); a size the file declares beyond the bound, before a byte."""
-    limit = manifest_max_bytes()
-    if limit is None:
-        return f.read()
-    declared = _declared_size(f)
-    if isinstance(declared, int) and declared > limit:
-        raise _too_large(url, limit, declared)
-    chunks, total = [], 0
-    want = declared + 1 if isinstance(declared, int) else 1 << 20  # the end is seen in one read, when known
-    while total <= limit:
-        chunk = f.read(min(want, limit + 1 - total))
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        total += len(chunk)
-        want = 1 << 20  # read(n) allocates n bytes up front, even when the file has ended
-    raise _too_large(url, limit)
-
-
-def _declared_size(f: Any) -> int | None:
-    """The size an fsspec file reports, or a local regular file's; None for a pipe, a device, a stream."""
-    size = getattr(f, "size", None)
-    if isinstance(size, int):
-        return size
-    try:
-        st = os.fstat(f.fileno())
-    except (AttributeError, OSError, ValueError):
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
-
-
-def _too_large(url: str, limit: int, declared: int | None = None) -> FormatError:
-    size = "" if declared is None else f"{declared:,} bytes, "
-    return FormatError(f"{url}: is {size}more than {limit:,} bytes, the most a manifest is read to (a million "
-                       "shards take about 200 MB); it is not a dataflow manifest (check the URL and the server), or "
-                       "raise DATAFLOW_MANIFEST_MAX_BYTES")
-
-
-def _too_deep(url: str) -> FormatError:
-    return FormatError(f"{url}: manifest is nested more than {MAX_DEPTH} levels deep (a dataflow manifest needs a "
-                       "few); it is damaged or hostile: restore its index.json, or re-create the dataset")
-
-
-def _nested_deeper(obj: Any, limit: int) -> bool:
-    """Whether parsed JSON `obj` nests lists and objects more than `limit` levels deep (level by level, no
-    recursion)."""
-    level, depth = [obj], 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        level = [v for o in level for v in (o.values() if isinstance(o, dict) else o) if isinstance(v, (dict, list))]
-    return False
 
 
 def _not_found(dataset: str, url: str, e: BaseException) -> DataflowError:
