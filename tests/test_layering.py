@@ -53,6 +53,7 @@ LOADING_LAYERS = [
     ("contract",),  # the doors: BatchSource, SampleSource, FillReport
     ("cursor",),
     ("plan",),
+    ("worker_exit",),  # how a worker ended, said for a person
 ]
 
 

@@ -69,8 +69,7 @@ class Cursor:
         meanwhile stops this one with a `DataflowError` instead of letting it overwrite the position."""
         for b, batch in enumerate(batches):
             if token is not None and token != self.generation:
-                raise DataflowError("this loader iterator was replaced by a newer iter(loader), set_epoch() or "
-                                   "load_state_dict(); iterate a new one")
+                raise stale_iterator()
             self.consumed = plan.consumed_after(b + 1)
             yield batch
         if token is None or token == self.generation:
@@ -112,3 +111,10 @@ class Cursor:
             raise ConfigError(f"{what}: epoch {epoch} is past the last one that can be counted: at most {last:,} "
                               f"with {self.num_samples:,} samples per epoch (sample positions are 64-bit); a "
                               f"damaged state? start from a state_dict() or a smaller epoch")
+
+
+def stale_iterator(what: str = "loader", newer: str = "a newer iter(loader), set_epoch() or load_state_dict()"
+                   ) -> DataflowError:
+    """The one error of an iterator used after a jump or a newer walk made it stale (the cursor's, the worker
+    pool's and the prefetcher's): it never moves the position."""
+    return DataflowError(f"this {what} iterator was replaced by {newer}; iterate the new one")

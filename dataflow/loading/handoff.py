@@ -30,7 +30,6 @@ import math
 import multiprocessing.connection as mpc
 import os
 import pickle
-import signal
 import time
 import traceback
 import weakref
@@ -42,10 +41,12 @@ import torch
 import torch.multiprocessing as tmp
 
 from dataflow.errors import DataflowError, WorkerDied
+from dataflow.loading.cursor import stale_iterator
 from dataflow.loading.plan import BatchPlan
 from dataflow.loading.ring import SlotRing, _Lease  # noqa: F401  (_Lease: the type of a held lend)
 from dataflow.loading.contract import BatchSource, Layout
 from dataflow.loading.stages import FIELDS, BatchTiming, Hook, add_report, report_of
+from dataflow.loading.worker_exit import how_it_ended, restore_error
 
 POLL_S = 0.05
 PARENT_CHECK_S = 1.0  # how often an idle worker checks that its parent is alive
@@ -265,8 +266,7 @@ class WorkerPool:
         waited = 0.0
         while self.job != job or not self.shared[w].ready.acquire(timeout=POLL_S):
             if self.job != job:
-                raise DataflowError("this loader iterator was replaced by a newer iter(loader), set_epoch() or "
-                                   "load_state_dict(); iterate a new one")
+                raise stale_iterator()
             waited += POLL_S
             if self.results[w].poll() or not self.procs[w].is_alive():
                 if self.shared[w].ready.acquire(False):  # it posted its batch, then ended or died: take it
@@ -292,7 +292,7 @@ class WorkerPool:
             if job is not None and job == self._running[w]:
                 self._running[w] = 0
                 if text is not None:
-                    raise _restore(payload, text, w)
+                    raise restore_error(payload, text, w)
                 raise DataflowError(f"loader worker {w} ended its job before batch {b} (protocol error)")
         if not self.procs[w].is_alive():
             raise self._died(w, f"while producing batch {b}")
@@ -351,15 +351,6 @@ class WorkerPool:
         return [p.pid for p in self.procs]
 
 
-_SIGNAL_HINTS = {
-    signal.SIGKILL: "the kernel's out-of-memory killer sends SIGKILL: lower num_workers or shuffle_window, or "
-                    "give the job more memory",
-    signal.SIGBUS: "a bus error in a worker is most often /dev/shm running out: give the container more shared "
-                   "memory (Docker: --shm-size) or lower num_workers, held_batches or batch_size",
-    signal.SIGSEGV: "a crash in native code: please report it with the versions of torch and pyarrow",
-}
-
-
 def _stop_all() -> None:
     """At exit, stop open pools' workers the orderly way (before multiprocessing terminates them): they
     let go of their cache locks as they leave."""
@@ -374,28 +365,4 @@ def _stop_all() -> None:
 atexit.register(_stop_all)  # runs before multiprocessing's own exit handler (registered earlier)
 
 
-def how_it_ended(exitcode: int | None) -> tuple[str, str]:
-    """(how a worker ended, what to do about it) from its exit code (negative: the signal that killed it)."""
-    if exitcode is None:
-        return "it closed its pipes but is still running", "it is being stopped; retry"
-    if exitcode < 0:
-        try:
-            sig = signal.Signals(-exitcode)
-        except ValueError:
-            return f"killed by signal {-exitcode}", "killed by another process or out of memory?"
-        return f"killed by {sig.name}", _SIGNAL_HINTS.get(sig, "killed by another process?")
-    return f"exited with code {exitcode}", "see the worker's output above for why"
-
-
-def _restore(payload: bytes | None, text: str, worker: int) -> BaseException:
-    if payload is not None:
-        try:
-            exc = pickle.loads(payload)
-            if isinstance(exc, BaseException):
-                return exc
-        except Exception:
-            pass
-    return DataflowError(f"loader worker {worker} failed:\n{text}")
-
-
-__all__ = ["SlotRing", "WorkerPool", "WorkerDied"]  # SlotRing: from ring.py
+__all__ = ["SlotRing", "WorkerPool", "WorkerDied", "how_it_ended"]  # SlotRing: from ring.py; how_it_ended: worker_exit.py

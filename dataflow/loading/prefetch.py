@@ -24,9 +24,10 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError
 from dataflow.threads import Producer
 from dataflow.loading.contract import LendingLoader, StageFigures, StageSnapshot
+from dataflow.loading.cursor import stale_iterator
 
 _DONE = object()
 JOIN_S = 60.0  # how long close() waits for an upstream `next()` in progress
@@ -231,8 +232,7 @@ class DevicePrefetcher:
         try:
             while True:
                 if generation != self._generation:
-                    raise DataflowError("this prefetcher iterator was replaced by a newer iter(prefetcher); "
-                                        "iterate the new one")
+                    raise stale_iterator("prefetcher", "a newer iter(prefetcher)")
                 t0 = time.perf_counter()
                 item = self._pending.popleft() if self._pending else producer.get()
                 wait = time.perf_counter() - t0
