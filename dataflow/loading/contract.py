@@ -99,6 +99,20 @@ class LendingLoader(Protocol):
         ...
 
 
+@runtime_checkable
+class Resumable(Protocol):
+    """A loader whose position can be saved and restored exactly (`StreamingDataLoader`, `StreamingDataset`,
+    `DevicePrefetcher`): what a checkpoint stores beside the model (torchtitan's `Stateful`)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch yielded (a plain, JSON-able dict)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from `state`; an unfinished iterator is stale from now on."""
+        ...
+
+
 @dataclass(frozen=True)
 class StageSnapshot:
     """A pipeline's running figures since it was made (they may restart with a new worker pool).

@@ -26,7 +26,7 @@ import torch
 
 from dataflow.errors import ConfigError
 from dataflow.threads import Producer
-from dataflow.loading.contract import LendingLoader, StageFigures, StageSnapshot
+from dataflow.loading.contract import LendingLoader, Resumable, StageFigures, StageSnapshot
 from dataflow.loading.cursor import stale_iterator
 
 _DONE = object()
@@ -114,7 +114,7 @@ class DevicePrefetcher:
                 pinned = batches.pinned
         self.upstream, self.depth, self.pinned = batches, depth, bool(pinned)
         self.stats = PrefetchStats()
-        self._state_of = getattr(batches, "state_dict", None)
+        self._resumable = batches if isinstance(batches, Resumable) else None
         self._it: Iterator[Any] | None = None  # the upstream iterator, kept across a break
         self._pending: deque = deque()  # items read ahead and not yet yielded (after a break)
         self._producer: Producer | None = None  # the thread of the current iteration
@@ -128,21 +128,20 @@ class DevicePrefetcher:
         """The upstream loader's state after the last batch this prefetcher *yielded*."""
         if self._state is not None:
             return self._state
-        if self._state_of is None:
+        if self._resumable is None:
             raise ConfigError("the upstream iterable has no state_dict(); pass a StreamingDataLoader")
-        return self._state_of()
+        return self._resumable.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the upstream loader at `state`; batches read ahead are dropped."""
-        load = getattr(self.upstream, "load_state_dict", None)
-        if load is None:
+        if self._resumable is None:
             raise ConfigError("the upstream iterable has no load_state_dict(); pass a StreamingDataLoader")
         self.close()
         self._generation += 1  # an unfinished iterator must not go on from the old position
         self._pending.clear()
         self._it = None
-        load(state)
-        self._state = self._state_of() if self._state_of else None
+        self._resumable.load_state_dict(state)
+        self._state = self._resumable.state_dict()
 
     def stage_figures(self) -> StageSnapshot:
         """The `StageFigures` contract: this prefetcher's wait and copy figures over its upstream's own
@@ -179,7 +178,7 @@ class DevicePrefetcher:
                 else:
                     item = self._stage_and_copy(batch, stream)
                 del batch
-                p.put((*item, self._state_of() if self._state_of else None))
+                p.put((*item, self._resumable.state_dict() if self._resumable else None))
                 del item
         except BaseException as e:  # handed to the consumer, raised there with its message
             p.put(_Failure(e))
@@ -221,8 +220,8 @@ class DevicePrefetcher:
 
     def _iterate(self, generation: int) -> Iterator[Any]:
         if self._it is None:
-            if self._state is None and self._state_of is not None:
-                self._state = self._state_of()  # what state_dict() says before the first batch arrives
+            if self._state is None and self._resumable is not None:
+                self._state = self._resumable.state_dict()  # what state_dict() says before the first batch arrives
             self._it = iter(self.upstream)
         ended = any(item is _DONE or isinstance(item, _Failure) for item in self._pending)
         if not ended:  # (read-ahead that holds the upstream's end needs no thread: it is all there is)
