@@ -19,10 +19,11 @@ import os
 import re
 import shutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from dataflow.errors import ConfigError, DataflowError
 from dataflow.formats.atomic import write_json_atomic
+from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
 from dataflow.preprocess import output
 from dataflow.preprocess.journal import Progress, load_progress
@@ -38,11 +39,59 @@ ERRORS_NAME = re.compile(r"_errors(?:-\d+)?\.jsonl$")
 TEMP_NAME = re.compile(r"\.(?:index\.json|_errors(?:-\d+)?\.jsonl)\..+\.tmp$")  # our atomic writes' temp files
 TASK_WORK = re.compile(r"task-\d+(?:\.lock)?$")  # what runs keep in OUT/_work
 CLAIMS_NAME = "claims.json"
+WORK_DIR = "_work"  # (layout.WORK_DIR)
+SPLIT_DIRS = ("train", "val")
+PART_DIR = re.compile(r"part-\d+$")  # a task's slice of a --num-tasks run
 
 
 def is_reserved(name: str) -> bool:
     """Whether a run of ours may write a file of this name into a dataset folder."""
     return bool(SHARD_NAME.match(name)) or name == MANIFEST_NAME or name in TOKENIZER_NAMES
+
+
+def is_run_output(name: str) -> bool:
+    """Whether a run of ours (or `merge`) writes files of this name into a dataset folder: the reserved names,
+    the error logs and the temp files of its atomic writes."""
+    return is_reserved(name) or bool(ERRORS_NAME.match(name) or TEMP_NAME.match(name))
+
+
+def written_by_runs_into(out: str) -> Callable[[str], bool]:
+    """`expand_inputs`' `leave_out` for a run into `out`: whether a listed input file is one that a tokenize run
+    (or merge) into `out` writes, whoever wrote it: under the run's names (`is_run_output`) in OUT, in its split
+    folders (`train/`, `val/`) and their task parts (`part-NNNNN/`), or anything under OUT/_work/. A run
+    whose output folder is (or lies in) a folder of its inputs so never reads its own output as input; a file
+    under those names that no run of ours wrote is refused before any work (`refuse_foreign`). Other files in
+    those folders stay inputs."""
+    where = _place(out)
+    folders: dict[str, tuple[str, ...]] = {}  # each input folder's place, found once
+
+    def leave_out(path: str) -> bool:
+        parent, _, name = path.rstrip("/").rpartition("/")
+        parent = parent or ("/" if path.startswith("/") else ".")
+        if parent not in folders:
+            folders[parent] = _place(parent)
+        parts = (*folders[parent], name)
+        if len(parts) <= len(where) or parts[:len(where)] != where:
+            return False
+        rel = parts[len(where):]
+        if rel[0] == WORK_DIR:
+            return True
+        if len(rel) > 1 and rel[0] in SPLIT_DIRS:
+            rel = rel[1:]
+        if len(rel) > 1 and PART_DIR.match(rel[0]):
+            rel = rel[1:]
+        return len(rel) == 1 and is_run_output(rel[0])
+
+    return leave_out
+
+
+def _place(url: str) -> tuple[str, ...]:
+    """A folder or file as comparable parts: a local one by its real path (links followed), a URL by its
+    location (`output.location_key`: backend, endpoint, path however spelled)."""
+    if not remote.is_remote(url):
+        return tuple(p for p in os.path.realpath(url.removeprefix("file://")).split(os.sep) if p)
+    protocol, endpoint, path = json.loads(output.location_key(url))
+    return (protocol, endpoint, *(p for p in path.split("/") if p))
 
 
 @dataclass

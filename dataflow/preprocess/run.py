@@ -73,7 +73,7 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
     """Run (or resume) one task of a tokenize job and return its summary."""
     cfg.check()
     started = time.perf_counter()
-    files = expand_inputs(cfg.inputs)
+    files = expand_inputs(cfg.inputs, leave_out=ownership.written_by_runs_into(cfg.out))  # never its own output
     layout = Layout(cfg)
     workers = worker_count(cfg.workers)
     if layout.remote:

@@ -57,7 +57,8 @@ def expand_inputs(inputs: list[str], leave_out: Callable[[str], bool] | None = N
     """Paths, globs, directories and URLs -> the input files: each input's sorted, a `datasets` folder's in
     its stored order (a file its state lists twice comes twice, as `datasets` reads it); a file two inputs
     name is read once. `leave_out(path)`: files that are not inputs whatever their name (a run's own output
-    in a folder of inputs). Everything is checked before any work: see `not_inputs.py`."""
+    in a folder of inputs: `ownership.written_by_runs_into`), given a local path or a URL. Everything is
+    checked before any work: see `not_inputs.py`."""
     files: list[str] = []
     seen: set[str] = set()
     for item in inputs:
@@ -120,7 +121,13 @@ def _expand_one(item: str, leave_out: Callable[[str], bool] | None = None) -> li
                 found.append((p, [p]))
             else:
                 raise InputNotFoundError(f"{item}: no such file or directory; check the path{_hub_hint(item)}")
-    found = [(key, kept) for key, group in found if (kept := [f for f in group if not (leave_out and leave_out(f))])]
+    listed = bool(found)
+    if leave_out is not None:  # (it is given local paths and URLs)
+        found = [(key, kept) for key, group in found
+                 if (kept := [f for f in group if not leave_out(f if local else fs.unstrip_protocol(f))])]
+    if not found and listed:
+        raise InputNotFoundError(f"{item}: holds only what this run writes (its output: shards, index.json, the "
+                                 f"tokenizer's copy, error logs, _work/), no input; name the files to tokenize")
     if not found:
         raise InputNotFoundError(f"{item}: matched no input files; check the path or pattern{_hub_hint(item)} "
                                  f"(inputs: {INPUT_TYPES})")
