@@ -175,7 +175,9 @@ def test_the_preprocess_guard_catches_an_upward_import_wherever_the_readers_live
 
 # Inside tokenizers/: layers from the top, as in loading/.
 TOKENIZER_LAYERS = [
-    ("load",),  # the Tokenizer interface, its three kinds, load_tokenizer: the package's door
+    ("load",),  # load_tokenizer, tokenizer_for_dataset, TiktokenTokenizer: the package's door
+    ("hf_tokenizer",),  # a tokenizer.json: its chosen engine alone encodes
+    ("choose", "base"),  # the engine choice; the Tokenizer interface and the bytes tokenizer
     ("gigatoken_engine", "tiktoken_files", "hf_reference"),  # the fast engines; .tiktoken files; the reference
     ("tiktoken_engine",),
     ("bpe_convert", "flat"),  # tokenizer.json to merges and ranks; flat (values, offsets) id arrays

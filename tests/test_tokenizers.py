@@ -21,8 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from conftest import GPT2_JSON, GPT2_TIKTOKEN
 from dataflow.errors import ConfigError
-from dataflow.tokenizers import bpe_convert, tiktoken_engine
-from dataflow.tokenizers import load as tk
+from dataflow.tokenizers import bpe_convert, choose, tiktoken_engine
 from dataflow.tokenizers.load import load_tokenizer, tokenizer_for_dataset
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -269,7 +268,7 @@ def test_input_sample_is_checked_at_load_and_on_first_batch(kjv_bpe, tmp_path, m
     monkeypatch.setattr(bpe_convert, "probe_texts", lambda extra=(): [])
     monkeypatch.setattr(bpe_convert, "vocab_texts", lambda ranks: [])
     monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
-    monkeypatch.setattr(tk, "FAST_ENGINES", ("tiktoken",))
+    monkeypatch.setattr(choose, "FAST_ENGINES", ("tiktoken",))
     path = variant(kjv_bpe, tmp_path, _split_with_gaps)
     text = ["Let there be light: and there was light."]  # ':' and '.' fall between the regex's matches
     want = reference_ids(path, text)
@@ -285,6 +284,32 @@ def test_input_sample_is_checked_at_load_and_on_first_batch(kjv_bpe, tmp_path, m
     tok = load_tokenizer(path, engine="tiktoken")
     with pytest.raises(ConfigError, match="--engine tiktoken gives other ids"):
         tok.encode_batch(text)
+
+
+def test_the_engine_is_chosen_before_the_first_ids_and_never_changes_after(kjv_bpe, tmp_path, monkeypatch):
+    """The engine is chosen up front (choose.py), on the probe, the sample and this process's first batch, before
+    any of its ids leave: once the tokenizer has given ids, a text the engine gets wrong stops the work with one
+    line instead of switching engines in the middle (which mixed two engines' ids in one dataset)."""
+    monkeypatch.setattr(bpe_convert, "probe_texts", lambda extra=(): [])
+    monkeypatch.setattr(bpe_convert, "vocab_texts", lambda ranks: [])
+    monkeypatch.setattr(tiktoken_engine, "_PROVEN", {})
+    monkeypatch.setattr(choose, "FAST_ENGINES", ("tiktoken",))
+    path = variant(kjv_bpe, tmp_path, _split_with_gaps)
+    fine = ["In the beginning God created the heaven and the earth"]  # every character inside a regex match
+    wrong = ["Let there be light: and there was light."]  # ':' and '.' fall between the regex's matches
+
+    tok = load_tokenizer(path)
+    assert same_ids(tok.encode_batch(fine), reference_ids(path, fine)) and tok.engine == "tiktoken"
+    with pytest.raises(ConfigError, match="tiktoken, chosen for this tokenizer and used since, gives other ids.*"
+                                          "input text 0 differs.*--engine hf"):
+        tok.encode_batch(wrong)
+    with pytest.raises(ConfigError, match="used since"):
+        tok.check_sample(wrong)
+    assert tok.engine == "tiktoken" and same_ids(tok.encode_batch(fine), reference_ids(path, fine))
+
+    chosen = load_tokenizer(path, sample=wrong)  # the same text, known before the first ids: tokenizers encodes
+    for batch in (fine, wrong, fine + wrong):
+        assert same_ids(chosen.encode_batch(batch), reference_ids(path, batch)) and chosen.engine == "hf"
 
 
 def test_forced_hf_engine(kjv_bpe):
