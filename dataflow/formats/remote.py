@@ -33,7 +33,7 @@ from fsspec.callbacks import Callback
 from dataflow import env
 from dataflow.debug import cause
 from dataflow.errors import FormatError, UnreachableError
-from dataflow.formats.remote_errors import chain
+from dataflow.formats.remote_errors import chain, first_line
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,12 @@ class ProgressFloor(Callback):
 def is_remote(url: str) -> bool:
     """An fsspec URL other than `file://` (read through fsspec and downloads, not in place)."""
     return "://" in url and not url.startswith("file://")
+
+
+def local_path(url: str) -> str:
+    """`file://PATH` is the local PATH (`file:///abs/x` is `/abs/x`); any other path or URL as given. A
+    command never makes a folder named after the scheme (`file:`)."""
+    return url[len("file://"):] if url.startswith("file://") else url
 
 
 def read_timeout_s() -> float:
@@ -227,7 +233,9 @@ def status(e: BaseException) -> int | None:
 
 
 def describe(e: BaseException) -> str:
-    s, text = status(e), str(e) or type(e).__name__
+    """What a failed request says, as a message quotes it: its HTTP status, and the first line (at most
+    `QUOTED_CHARS`) of what it says (a server that answers garbage makes an exception of tens of KB)."""
+    s, text = status(e), first_line(e)
     return f"HTTP {s}: {text}" if s is not None and str(s) not in text else text
 
 

@@ -15,6 +15,7 @@ import fsspec
 
 from dataflow.debug import cause
 from dataflow.errors import ConfigError
+from dataflow.formats import remote
 from dataflow.formats.remote_errors import missing_backend
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size
 from dataflow.preprocess.executors import check_executor
@@ -48,6 +49,9 @@ class TokenizeConfig:
     task_index: int = 0
     overwrite: bool = False
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.out = remote.local_path(self.out)  # -o file:///abs/ds is the folder /abs/ds, not ./file:/abs/ds
 
     def output_settings(self, inputs: list[list[Any]]) -> dict[str, Any]:
         """Everything that changes the output bytes; a rerun must match these to resume. `inputs`: the files
