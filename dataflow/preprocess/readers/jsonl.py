@@ -25,7 +25,7 @@ import pyarrow as pa
 from dataflow.preprocess.readers.compressed import open_decompressed
 from dataflow.preprocess.readers.listing import split_compression
 from dataflow.preprocess.readers.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
-                                                 id_text, missing_errors)
+                                                 id_text, not_text)
 
 if TYPE_CHECKING:
     from dataflow.preprocess.readers.records import Unit
@@ -206,8 +206,10 @@ def _pyarrow_jsonl(chunk: bytes | pa.Buffer, text_field: str, id_field: str, lin
         if table.num_rows != lines:  # blank lines, or two objects on one line: json.loads says which
             return None
         texts = table.column(text_field).combine_chunks()
+        if texts.null_count:  # a field missing or null: json.loads tells which, line by line
+            return None
         ids = id_column(table.column(id_field).combine_chunks())
-        return Block(texts, ids, missing_errors(texts, f"missing field {text_field!r}"))
+        return Block(texts, ids, pa.nulls(len(texts), pa.string()))
     return None
 
 
@@ -223,9 +225,9 @@ def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> R
     if not isinstance(obj, dict):
         return Record(index, None, None, "not a JSON object")
     doc_id = id_text(obj.get(id_field))  # a number, true/false, an object: the id is its JSON text
-    text = obj.get(text_field)
-    if text is None:
+    if text_field not in obj:
         return Record(index, doc_id, None, f"missing field {text_field!r}")
-    if not isinstance(text, str):
-        return Record(index, doc_id, None, f"field {text_field!r} is {type(text).__name__}, not a string")
+    text = obj[text_field]
+    if not isinstance(text, str):  # null, a number, a list, ...: named
+        return Record(index, doc_id, None, not_text(text_field, text))
     return checked(Record(index, doc_id, text))

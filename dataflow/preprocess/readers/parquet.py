@@ -38,7 +38,7 @@ from dataflow.errors import DataflowError, InputError
 from dataflow.formats import arrays, remote
 from dataflow.formats.remote_errors import explain, first_line, read_failed
 from dataflow.preprocess.readers.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
-                                                 id_text, missing_errors)
+                                                 id_text, missing_errors, not_text)
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -216,7 +216,7 @@ def table_blocks(table: pa.Table, text_field: str, id_field: str) -> Iterator[Bl
     sizes = np.cumsum(arrays.lengths(texts))
     cuts = np.searchsorted(sizes, np.arange(BLOCK_BYTES, int(sizes[-1]) if len(sizes) else 0, BLOCK_BYTES))
     bounds = [0, *sorted(set(int(c) + 1 for c in cuts)), len(texts)]
-    errors = missing_errors(texts, f"field {text_field!r} is null, not a string")
+    errors = missing_errors(texts, not_text(text_field, None))
     for a, b in zip(bounds, bounds[1:]):
         if b > a:
             yield Block(texts.slice(a, b - a), ids.slice(a, b - a), errors.slice(a, b - a))
@@ -227,7 +227,6 @@ def typed_records(texts: list, ids: list, text_field: str) -> Iterator[Record]:
     for index, (text, doc_id) in enumerate(zip(texts, ids)):
         doc_id = id_text(doc_id)
         if not isinstance(text, str):
-            kind = "null" if text is None else type(text).__name__
-            yield Record(index, doc_id, None, f"field {text_field!r} is {kind}, not a string")
+            yield Record(index, doc_id, None, not_text(text_field, text))
         else:
             yield checked(Record(index, doc_id, text))

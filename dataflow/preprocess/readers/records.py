@@ -95,6 +95,23 @@ def checked(rec: Record) -> Record:
     return rec
 
 
+def not_text(field: str, value: Any) -> str:
+    """Why a record whose text field is there holds no text, naming what it holds: `field 'text' is null, not
+    a string` (JSON null, an Arrow null), `... is a number, not a string`, a list, an object, a boolean (a
+    field that is not there at all is `missing field 'text'`, a reader's own reason)."""
+    return f"field {field!r} is {value_kind(value)}, not a string"
+
+
+def value_kind(value: Any) -> str:
+    """A value's kind as JSON names it (`null`, `a number`, `a list`, ...), else its Python type's name."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    kinds = ((int, "a number"), (float, "a number"), (str, "a string"), ((list, tuple), "a list"), (dict, "an object"))
+    return next((name for types, name in kinds if isinstance(value, types)), type(value).__name__)
+
+
 def id_text(value: Any) -> str | None:
     """A record's id as stored: a string as it is, anything else by its JSON text (`true`, `{"k": "v"}`,
     `[1, 2]`; numbers as written, `7`, `2.5`), whichever reader it came from; a value JSON cannot hold (a
