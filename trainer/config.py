@@ -65,7 +65,14 @@ class TrainConfig:
     clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
     precision: str = "bf16"  # fp32 | bf16
     parallel: str = "ddp"  # ddp | fsdp | hsdp (a single process runs the plain model)
-    hsdp_replicas: int = 0  # hsdp: replica groups (0: one per node, from torchrun's LOCAL_WORLD_SIZE)
+    hsdp_replicas: int = 0  # hsdp: replica groups (0: one per node, from torchrun's LOCAL_WORLD_SIZE, after tp and pp)
+    tensor_parallel: int = 1  # ranks splitting each layer's heads and MLP (and the vocabulary): fsdp/hsdp only
+    pipeline_parallel: int = 1  # stages splitting the layers (validated; not available yet: keep 1)
+    global_batch_tokens: int = 0  # > 0: tokens per optimizer step, whatever the layout; decides grad_accum from
+    # data.batch_size and the data-parallel size (train.grad_accum is then ignored), and refuses a layout that
+    # cannot give it exactly; 0: batch_size x seq_len x grad_accum x data-parallel ranks
+    batch_check_every: int = 100  # every N steps (and at the first), the ranks of a tensor-parallel group compare a
+    # hash of their batch and stop in one line if it differs; 0 disables
     ddp_comm_hook: str = "none"  # none | bf16 | powersgd
     powersgd_rank: int = 1
     compile: bool = False
@@ -123,10 +130,12 @@ POSITIVE = {("data", "seq_len"), ("data", "batch_size"), ("data", "prefetch_dept
             ("model", "n_layer"), ("model", "n_head"), ("model", "d_model"), ("model", "vocab_multiple"),
             ("model", "mlp_ratio"), ("model", "rope_theta"), ("model", "norm_eps"), ("model", "init_std"),
             ("train", "steps"), ("train", "grad_accum"), ("train", "max_bad_steps"), ("train", "eval_batches"),
+            ("train", "tensor_parallel"), ("train", "pipeline_parallel"),
             ("checkpoint", "every"), ("checkpoint", "keep"), ("log", "every")}
 NON_NEGATIVE = {("data", "num_workers"), ("train", "warmup_steps"), ("train", "lr"), ("train", "min_lr"),
                 ("train", "weight_decay"), ("train", "clip"), ("train", "spike_factor"), ("train", "eval_every"),
                 ("train", "stop_at"), ("train", "hsdp_replicas"), ("train", "inject_nan_step"),
+                ("train", "global_batch_tokens"), ("train", "batch_check_every"),
                 ("model", "dropout")}
 
 

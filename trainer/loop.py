@@ -1,99 +1,35 @@
-"""The training loop, top to bottom: data, model, optimizer, resume, steps, checkpoints, summary.
+"""The training loop, top to bottom: layout, data, model, optimizer, resume, steps, checkpoints, summary.
 
-One host sync per optimizer step (the all-reduced loss and the grad norm) decides whether the step is
-applied: a non-finite loss or norm skips it on every rank at once.
+What a run is built from is `build.py`'s; one optimizer step is `step.py`'s; this module moves the run from step
+to step: the guards, the log, evaluation and checkpoints.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import random
-from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import dataflow
-from dataflow.errors import ConfigError, TrainingAborted
+from dataflow.errors import TrainingAborted
 from dataflow.units import count
-from trainer.checkpoint import Checkpointer, complete_checkpoints
+from trainer.build import Counters, Run, build_data, open_dataset, seed_everything, setup
+from trainer.checkpoint import Checkpointer
 from trainer.config import Config
 from trainer.estimate import warn_if_out_of_reach
-from trainer.metrics import Interval, MetricsLogger, peak_flops, peak_memory_gib
-from trainer.model import GPT
-from trainer.optim import Schedule, build_optimizer, clip_grad_norm
-from trainer.parallelize import Dist, grad_sync, init_distributed, parallelize, set_cpu_threads, uses_fsdp
+from trainer.layout import check_vocab, plan_layout, torchrun_world
+from trainer.metrics import Interval, MetricsLogger, peak_memory_gib
+from trainer.parallelize import Dist, build_mesh, init_distributed, set_cpu_threads
 from trainer.signals import StopFlag
+from trainer.step import StepResult, all_reduce_sum, autocast, is_spike, train_step
+
+__all__ = ["train", "build_data", "Counters", "Run", "StepResult", "TrainingAborted", "is_spike", "guard",
+           "SPIKE_PATIENCE"]
 
 EMA_BETA = 0.9  # running loss average for spike detection
 SPIKE_PATIENCE = 20  # spikes in a row after which the loss is taken to have moved for good (new data, say)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def build_data(cfg: Config, d: Dist, **loader_options: Any) -> tuple[Any, Any, Any]:
-    """Train dataset and loader (`loader_options` override StreamingDataLoader's), and the validation
-    loader (or None)."""
-    ds = dataflow.StreamingDataset(cfg.data.path, seq_len=cfg.data.seq_len, seed=cfg.train.seed,
-                                   shuffle_window=cfg.data.shuffle_window, position_ids=cfg.data.doc_mask)
-    if ds.num_samples // d.world_size < cfg.data.batch_size:
-        raise ConfigError(f"{cfg.data.path} has {ds.num_samples} samples of {cfg.data.seq_len + 1} tokens: too few "
-                          f"for data.batch_size = {cfg.data.batch_size} on {d.world_size} process(es)")
-    # the product's path: workers fill page-locked slots that the prefetcher copies to the GPU directly;
-    # cycle: epoch after epoch, so the loop counts steps, not epochs
-    options = {"pin_memory": d.device.type == "cuda", "cycle": True, **loader_options}
-    loader = dataflow.StreamingDataLoader(ds, batch_size=cfg.data.batch_size, num_workers=cfg.data.num_workers,
-                                          **options)
-    val_loader = None
-    if cfg.data.val_path:
-        val = dataflow.StreamingDataset(cfg.data.val_path, seq_len=cfg.data.seq_len, shuffle=False,
-                                        seed=cfg.train.seed, position_ids=cfg.data.doc_mask)
-        if val.vocab_size != ds.vocab_size:
-            raise ConfigError(f"{cfg.data.val_path} was tokenized with a different vocabulary than {cfg.data.path}")
-        val_loader = dataflow.StreamingDataLoader(val, batch_size=cfg.data.batch_size, num_workers=0)
-        val_loader.start_state = val_loader.state_dict()
-    return ds, loader, val_loader
-
-
-def build_model(cfg: Config, d: Dist, vocab_size: int) -> tuple[torch.nn.Module, GPT]:
-    """The parallel model and the GPT inside it. Sharded runs build on `meta` and materialise only shards."""
-    with torch.device("meta"):
-        gpt = GPT(cfg.model, vocab_size, cfg.data.seq_len)
-    try:
-        return _materialise(gpt, cfg, d)
-    except (RuntimeError, MemoryError) as e:  # the allocator's own words: "can't allocate memory", CUDA OOM
-        if not isinstance(e, MemoryError) and "alloc" not in str(e).lower() and "out of memory" not in str(e):
-            raise
-        raise ConfigError(f"the model ({gpt.num_params() / 1e6:,.0f}M parameters) does not fit in the memory of "
-                          f"{d.device}; make it smaller (model.d_model, model.n_layer) or shard it "
-                          f"(train.parallel = \"fsdp\" over more processes)") from None
-
-
-def _materialise(gpt: GPT, cfg: Config, d: Dist) -> tuple[torch.nn.Module, GPT]:
-    if d.world_size > 1 and cfg.train.parallel in ("fsdp", "hsdp"):
-        model = parallelize(gpt, cfg, d)
-        gpt.to_empty(device=d.device)
-        gpt.tie_weights()
-        gpt.init_weights(cfg.train.seed)
-    else:
-        gpt.to_empty(device=d.device)
-        gpt.tie_weights()
-        gpt.init_weights(cfg.train.seed)
-        model = parallelize(gpt, cfg, d)
-    return model, gpt
-
-
-def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
-    if d.world_size > 1:
-        dist.all_reduce(t)
-    return t
 
 
 @torch.no_grad()
@@ -115,20 +51,20 @@ def evaluate(model: torch.nn.Module, val_loader: Any, cfg: Config, d: Dist) -> f
     return all_reduce_sum(total, d).item() / (n * d.world_size)
 
 
-def autocast(cfg: Config, d: Dist, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-    """bf16 autocast, except under FSDP2 whose MixedPrecisionPolicy already runs the blocks in bf16."""
-    if cfg.train.precision == "bf16" and not uses_fsdp(model):
-        return torch.autocast(d.device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def train(cfg: Config) -> dict[str, Any]:
-    """Run training as configured; returns a small summary (final step, losses, skipped steps, ...)."""
-    d = init_distributed(cfg.train.device)
+    """Run training as configured; returns a small summary (final step, losses, skipped steps, ...).
+
+    The layout and the dataset (its vocabulary decides whether tensor parallelism can split the embedding) are
+    checked before any process group exists: a layout that cannot work is one line on every rank, not a hang."""
+    layout = plan_layout(cfg, *torchrun_world())
+    ds = open_dataset(cfg, layout)
+    check_vocab(layout, cfg.model, ds.vocab_size)
+    d = init_distributed(cfg.train.device, layout)
+    d.mesh = build_mesh(cfg, d)
     log = MetricsLogger(cfg.log.jsonl, cfg.log.tensorboard, enabled=d.is_main)
     threads = set_cpu_threads(d, cfg.data.num_workers)
     try:
-        return _train(cfg, d, log)
+        return _train(cfg, d, log, ds)
     finally:
         log.close()
         torch.set_num_threads(threads)
@@ -136,10 +72,10 @@ def train(cfg: Config) -> dict[str, Any]:
             dist.destroy_process_group()
 
 
-def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
+def _train(cfg: Config, d: Dist, log: MetricsLogger, ds: Any) -> dict[str, Any]:
     """Top to bottom: set up, resume, the steps (each: step, guard, log, evaluate, checkpoint), the end."""
     seed_everything(cfg.train.seed + d.rank)
-    run = setup(cfg, d, log)
+    run = setup(cfg, d, log, ds)
     resume(run)
     mon = dataflow.StarvationMonitor()
     batches = mon.wrap(run.prefetcher)
@@ -154,81 +90,6 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger) -> dict[str, Any]:
         run.loader.close()
         stop.restore()
     return finish(run, mon, loss, val_loss)
-
-
-@dataclass
-class Counters:
-    """The guards' running figures, saved in each checkpoint."""
-
-    skipped: int = 0  # non-finite steps skipped in all
-    bad_in_row: int = 0  # non-finite steps in a row
-    loss_ema: float | None = None  # running loss average for spike detection
-    tokens: int = 0  # tokens trained on
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Run:
-    """What one training run holds: built by `setup`, moved on by `steps`."""
-
-    cfg: Config
-    d: Dist
-    log: MetricsLogger
-    ds: Any
-    loader: Any
-    val_loader: Any
-    model: torch.nn.Module
-    gpt: GPT
-    optimizer: torch.optim.Optimizer
-    prefetcher: Any
-    ckpt: Checkpointer | None
-    model_meta: dict[str, Any]  # what the saved weights' shapes and meaning depend on: a resume must match
-    tokens_per_step: int
-    flops_per_token: float
-    peak_flops: float | None
-    schedule: Schedule  # the learning rate of each step: the config's, or as continued from the checkpoint's
-    step: int = 0
-    counters: Counters = field(default_factory=Counters)
-    last_saved: int = -1
-    rolled_back_to: str | None = None
-    resume_path: str | None = None
-    spikes_in_row: int = 0  # spike steps in a row: SPIKE_PATIENCE of them make the loss's new level the average
-
-
-@dataclass
-class StepResult:
-    """One optimizer step as every rank agreed on it (after the step's one host sync)."""
-
-    lr: float
-    loss: float
-    grad_norm: float
-    finite: bool
-    spike: bool
-    rollback_to: str | None
-    stop_votes: float
-
-
-def setup(cfg: Config, d: Dist, log: MetricsLogger) -> Run:
-    """Data, model, optimizer, the device prefetcher, and one line saying what runs where."""
-    t = cfg.train
-    ds, loader, val_loader = build_data(cfg, d)
-    model, gpt = build_model(cfg, d, ds.vocab_size)
-    optimizer = build_optimizer(model, t, d.device)
-    tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * t.grad_accum * d.world_size
-    n = torch.get_num_threads()
-    where = f"cpu ({n} thread{'s' if n > 1 else ''})" if d.device.type == "cpu" else str(d.device)
-    log.print(f"model: {gpt.num_params() / 1e6:.2f}M parameters, vocab {ds.vocab_size} (eos {ds.eos_id}); "
-              f"{d.world_size} process(es) on {where}, parallel={t.parallel if d.world_size > 1 else 'none'}, "
-              f"precision={t.precision}; {tokens_per_step:,} tokens per step; data {cfg.data.path} "
-              f"({ds.num_samples:,} samples per epoch)")
-    ckpt = Checkpointer(cfg.checkpoint.dir, cfg.checkpoint.keep, d) if cfg.checkpoint.dir else None
-    model_meta = {k: getattr(cfg.model, k) for k in ("n_layer", "n_head", "d_model", "mlp_ratio", "vocab_multiple")}
-    model_meta["vocab_size"] = ds.vocab_size
-    prefetcher = dataflow.DevicePrefetcher(loader, device=d.device, depth=cfg.data.prefetch_depth)
-    return Run(cfg, d, log, ds, loader, val_loader, model, gpt, optimizer, prefetcher, ckpt, model_meta,
-               tokens_per_step, gpt.flops_per_token(cfg.data.seq_len), peak_flops(d.device), Schedule.of(t))
 
 
 def resume(run: Run) -> None:
@@ -246,9 +107,24 @@ def resume(run: Run) -> None:
     if not state["rng_restored"]:
         seed_everything(t.seed + d.rank + 1_000_003 * run.step)
     run.log.event(run.step, "resume", f"resumed from {run.resume_path} (epoch {loader_state['epoch']}, "
-                  f"{loader_state['consumed']:,} samples consumed, world size {state['world_size']} -> {d.world_size})")
+                  f"{loader_state['consumed']:,} samples consumed, world size {state['world_size']} -> {d.world_size}"
+                  f"{layout_change(run, state)})")
     run.schedule = run.schedule.resumed(state, run.step, run.log.print)
     run.last_saved = run.step
+
+
+def layout_change(run: Run, state: dict[str, Any]) -> str:
+    """What changed since the checkpoint's run: its layout and its tokens per step (say, fewer processes without
+    train.global_batch_tokens); empty when nothing did or the checkpoint does not say."""
+    said = []
+    old, new = state.get("layout"), run.d.layout.record()
+    if isinstance(old, dict) and old != new:
+        said.append("layout " + ", ".join(f"{k} {old.get(k)} -> {v}" for k, v in new.items() if old.get(k) != v))
+    tokens = state.get("tokens_per_step")
+    if isinstance(tokens, int) and tokens != run.tokens_per_step:
+        said.append(f"global batch {tokens:,} -> {run.tokens_per_step:,} tokens per step (train.global_batch_tokens "
+                    f"keeps it across layouts)")
+    return "".join("; " + s for s in said)
 
 
 def say_what_is_ahead(run: Run, stop_at: int) -> None:
@@ -289,51 +165,6 @@ def steps(run: Run, batches: Iterator[Any], mon: Any, stop: StopFlag, stop_at: i
     return loss, val_loss
 
 
-def train_step(run: Run, batches: Iterator[Any], mon: Any, stop: StopFlag) -> StepResult:
-    """One optimizer step over `grad_accum` micro-batches, applied unless it is non-finite or a rollback."""
-    t, model = run.cfg.train, run.model
-    lr = run.schedule.at(run.step)
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr
-    loss_sum = torch.zeros((), device=run.d.device)
-    for micro in range(t.grad_accum):
-        batch = next(batches)
-        last = micro == t.grad_accum - 1
-        with mon.step(), grad_sync(model, last):
-            with autocast(run.cfg, run.d, model):
-                loss = model(batch["input_ids"], batch["labels"], batch.get("position_ids"))
-            if run.step == t.inject_nan_step:
-                loss = loss * float("nan")
-            # each micro-batch's mean loss is scaled so the accumulated gradient is the full batch's mean
-            (loss / t.grad_accum).backward()
-            loss_sum += loss.detach().float()
-            if last:
-                result = apply_step(run, loss_sum, stop, lr)
-    return result
-
-
-def is_spike(loss: float, ema: float | None, factor: float) -> bool:
-    """A loss above `factor` x its running average (`factor` 0: never)."""
-    return factor > 0 and ema is not None and loss > factor * ema
-
-
-def apply_step(run: Run, loss_sum: torch.Tensor, stop: StopFlag, lr: float) -> StepResult:
-    """The one host sync of the step: global loss, grad norm and stop votes, equal on every rank; then
-    the optimizer steps unless the step is non-finite or a spike to roll back from."""
-    t, d = run.cfg.train, run.d
-    grad_norm = clip_grad_norm(run.model, t.clip)
-    stats = all_reduce_sum(torch.stack([loss_sum / t.grad_accum, torch.tensor(float(stop.set), device=d.device)]), d)
-    loss, stop_votes = stats[0].item() / d.world_size, stats[1].item()
-    gnorm = float(grad_norm)
-    finite = math.isfinite(loss) and math.isfinite(gnorm)
-    spike = finite and is_spike(loss, run.counters.loss_ema, t.spike_factor)
-    target = rollback_target(run) if spike and t.spike_rollback else None
-    if finite and target is None:
-        run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    return StepResult(lr, loss, gnorm, finite, spike, target, stop_votes)
-
-
 def guard(run: Run, r: StepResult) -> bool:
     """Non-finite steps (counted; too many in a row abort) and loss spikes (logged, or rolled back from).
     True when the run rolled back to a checkpoint."""
@@ -369,12 +200,6 @@ def guard(run: Run, r: StepResult) -> bool:
     return False
 
 
-def rollback_target(run: Run) -> str | None:
-    """The newest checkpoint, unless a rollback to it already happened (then spikes are only logged)."""
-    found = complete_checkpoints(run.ckpt.root) if run.ckpt else []
-    return found[-1][1] if found and found[-1][1] != run.rolled_back_to else None
-
-
 def log_interval(run: Run, r: StepResult, mon: Any, interval: Interval) -> None:
     """One metrics record for the steps since the last one."""
     d = run.d
@@ -405,7 +230,8 @@ def save(run: Run) -> None:
     optimizer took, not the read-ahead."""
     path = run.ckpt.save(run.step, run.model, run.optimizer, {
         "loader": run.prefetcher.state_dict(), "counters": run.counters.to_dict(), "model": run.model_meta,
-        "config": run.cfg.to_dict(), "scheduler": run.schedule.record(run.step)})
+        "config": run.cfg.to_dict(), "scheduler": run.schedule.record(run.step), "layout": run.d.layout.record(),
+        "tokens_per_step": run.tokens_per_step})
     run.last_saved = run.step
     run.log.event(run.step, "checkpoint", f"saved {path}")
 
@@ -417,7 +243,7 @@ def finish(run: Run, mon: Any, loss: float, val_loss: float | None) -> dict[str,
         save(run)
     if run.val_loader is not None and (not t.eval_every or step % t.eval_every) and step == t.steps:
         val_loss = run_eval(run)
-    run.log.print(mon.format_summary() + (f" [{t.grad_accum} micro-steps per step]" if t.grad_accum > 1 else ""))
+    run.log.print(mon.format_summary() + (f" [{run.grad_accum} micro-steps per step]" if run.grad_accum > 1 else ""))
     ps, loader = run.prefetcher.stats, run.loader
     run.log.print(f"data path: StreamingDataLoader({count(cfg.data.num_workers, 'worker')}, pinned={loader.pinned}) "
                   f"-> DevicePrefetcher({run.d.device.type}, depth {cfg.data.prefetch_depth}); {ps.direct_copies}/"

@@ -7,12 +7,23 @@ and attention is document-causal: a token sees only earlier tokens of its own do
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import ModelConfig
+
+
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name in the plain GPT: without the prefixes of activation checkpointing, compile and DDP."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
 
 
 def padded_vocab(vocab_size: int, multiple: int) -> int:
@@ -61,21 +72,29 @@ def document_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return (same & causal)[:, None]
 
 
+QKV_LAYOUT = "per-head"  # qkv's rows: head by head, each its q, k, v (Megatron's), so a row split keeps whole heads
+
+
 class Attention(nn.Module):
+    """Causal self-attention. The fused qkv projection's rows are grouped by head, so tensor parallelism (a split
+    of its rows over ranks) gives each rank whole heads: the head count is read from the local output."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.head_dim, self.dropout = cfg.d_model // cfg.n_head, cfg.dropout
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        B, T, _ = x.shape
+        qkv = self.qkv(x)
+        heads = qkv.shape[-1] // (3 * self.head_dim)  # this rank's heads: all of them without tensor parallelism
+        q, k, v = qkv.view(B, T, heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                            dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.proj(y.transpose(1, 2).reshape(B, T, heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -133,16 +152,18 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """Seeded init, one generator per parameter, so every rank and every sharding gets the same weights.
+        """Seeded init, one generator per parameter seeded by its name in the full model, so every rank, every
+        sharding and every layout (whichever parameters a rank holds) starts from the 1-process model's weights.
 
         Sharded (DTensor) parameters are generated whole on their device and each rank keeps its shard.
         Output projections are scaled by 1/sqrt(2 * n_layer) (GPT-2) to keep the residual stream's variance.
         """
         self.rotary.reset_tables()
         std = self.cfg.init_std
-        for i, (name, p) in enumerate(self.named_parameters()):
+        for name, p in self.named_parameters():
+            name = canonical_name(name)
             local = p.to_local() if hasattr(p, "to_local") else p
-            gen = torch.Generator(device=local.device).manual_seed(seed * 1_000_003 + i)
+            gen = torch.Generator(device=local.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             full = torch.empty(p.shape, dtype=p.dtype, device=local.device)
             if "norm" in name:
                 full.fill_(1.0)

@@ -1,7 +1,9 @@
-"""Process group, device, and the one ordered function that turns a GPT into a trainable parallel model.
+"""Process group, device mesh, and the one ordered function that turns a GPT into a trainable parallel model.
 
-Order matters (as in torchtitan): activation checkpointing wraps each block, then compile each block,
-then DDP or FSDP2 shards/replicates the result. A single process always runs the plain model.
+Order matters (as in torchtitan): tensor parallelism splits each block's attention and MLP (and the vocabulary)
+over the mesh's `tp` dimension, activation checkpointing wraps each block, then compile each block, then DDP
+replicates, or FSDP2 shards over the data-parallel dimensions (`dp_shard`; HSDP: `dp_replicate` x `dp_shard`).
+A single process always runs the plain model.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 from dataflow.errors import ConfigError
 from trainer.config import Config
+from trainer.layout import MESH_DIMS, Layout
 
 
 @dataclass
@@ -30,14 +33,17 @@ class Dist:
     local_rank: int = 0
     local_world_size: int = 1
     device: torch.device = torch.device("cpu")
+    layout: Layout = Layout()
+    mesh: "DeviceMesh | None" = None  # (pp, dp_replicate, dp_shard, tp) of a multi-process FSDP/HSDP run
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def init_distributed(device_choice: str) -> Dist:
-    """Pick the device and, under torchrun (WORLD_SIZE > 1), join the process group (nccl on GPU, gloo on CPU)."""
+def init_distributed(device_choice: str, layout: Layout = Layout()) -> Dist:
+    """Pick the device and, under torchrun (WORLD_SIZE > 1), join the process group (nccl on GPU, gloo on CPU).
+    `layout` is the run's, as `trainer.layout.plan_layout` checked it for this world."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -54,7 +60,7 @@ def init_distributed(device_choice: str) -> Dist:
         backend = "nccl" if use_cuda else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
                                 device_id=device if use_cuda else None)
-    return Dist(rank, world, local_rank, local_world, device)
+    return Dist(rank, world, local_rank, local_world, device, layout)
 
 
 def set_cpu_threads(d: Dist, num_workers: int) -> int:
@@ -71,21 +77,47 @@ def set_cpu_threads(d: Dist, num_workers: int) -> int:
     return previous
 
 
-def _mesh(cfg: Config, d: Dist) -> "DeviceMesh":
-    """FSDP: one dimension over all ranks. HSDP: (replicate across nodes, shard within a node)."""
+def build_mesh(cfg: Config, d: Dist) -> "DeviceMesh | None":
+    """The (pp, dp_replicate, dp_shard, tp) mesh of `d.layout` for a multi-process FSDP/HSDP run; None for one
+    process or DDP (which runs on the default group). Every rank calls it (it creates the sub-groups)."""
+    if d.world_size == 1 or cfg.train.parallel == "ddp":
+        return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    if cfg.train.parallel == "fsdp":
-        return init_device_mesh(d.device.type, (d.world_size,), mesh_dim_names=("shard",))
-    replicas = cfg.train.hsdp_replicas or max(d.world_size // max(d.local_world_size, 1), 1)
-    if d.world_size % replicas:
-        raise ConfigError(f"train.hsdp_replicas = {replicas} does not divide the {d.world_size} processes")
-    return init_device_mesh(d.device.type, (replicas, d.world_size // replicas),
-                            mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(d.device.type, d.layout.shape, mesh_dim_names=MESH_DIMS)
+
+
+def tensor_parallel_group(d: Dist) -> "dist.ProcessGroup | None":
+    """The process group of this rank's tensor-parallel ranks (None without tensor parallelism)."""
+    return d.mesh["tp"].get_group() if d.mesh is not None and d.layout.tp > 1 else None
+
+
+def apply_tensor_parallel(gpt: nn.Module, tp_mesh: "DeviceMesh") -> None:
+    """Megatron's split over `tp_mesh`: qkv and fc by output rows (colwise; qkv's rows are grouped by head, so whole
+    heads), attention's and the MLP's proj by input columns (rowwise, all-reduced), the tied embedding by
+    vocabulary rows (an all-reduced lookup) and lm_head by the same rows (logits all-gathered). Norms stay
+    replicated. Every parameter keeps its name and its full shape as a DTensor."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan: dict = {"tok_emb": RowwiseParallel(input_layouts=Replicate()),
+                  "lm_head": ColwiseParallel(output_layouts=Replicate())}
+    for i in range(len(gpt.blocks)):
+        plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(), f"blocks.{i}.attn.proj": RowwiseParallel(),
+                     f"blocks.{i}.mlp.fc": ColwiseParallel(), f"blocks.{i}.mlp.proj": RowwiseParallel()})
+    parallelize_module(gpt, tp_mesh, plan)
+    gpt.tie_weights()  # each module got its own DTensor of the shared matrix: both hold Shard(0), tie them again
+
+
+def _data_parallel_mesh(cfg: Config, d: Dist) -> "DeviceMesh":
+    """FSDP shards over dp_shard; HSDP replicates over dp_replicate and shards over dp_shard."""
+    return d.mesh["dp_shard"] if cfg.train.parallel == "fsdp" else d.mesh["dp_replicate", "dp_shard"]
 
 
 def parallelize(model: nn.Module, cfg: Config, d: Dist) -> nn.Module:
-    """Activation checkpointing -> torch.compile -> DDP / FSDP2 / HSDP, in that order."""
+    """Tensor parallel -> activation checkpointing -> torch.compile -> DDP / FSDP2 / HSDP, in that order."""
+    if d.layout.tp > 1:
+        apply_tensor_parallel(model, d.mesh["tp"])
     blocks = model.blocks
     if cfg.train.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -95,7 +127,7 @@ def parallelize(model: nn.Module, cfg: Config, d: Dist) -> nn.Module:
     if cfg.train.compile:
         for block in blocks:
             block.compile()
-    if d.world_size == 1:
+    if d.world_size == 1 or d.layout.dp == 1:  # one process, or tensor parallel only: nothing to replicate
         return model
     if cfg.train.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -105,7 +137,7 @@ def parallelize(model: nn.Module, cfg: Config, d: Dist) -> nn.Module:
         return ddp
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = _mesh(cfg, d)
+    mesh = _data_parallel_mesh(cfg, d)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if cfg.train.precision == "bf16" else MixedPrecisionPolicy()
     for i, block in enumerate(blocks):
