@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 
 import pytest
 import torch.distributed as dist
@@ -144,3 +145,27 @@ def test_the_first_record_and_a_start_up_line_state_the_layout(data, tmp_path, c
     out = capsys.readouterr().out
     assert "layout: pp 1 x dp 1 (replicate 1, shard 1) x tp 1 = 1 process(es); 4 micro-batch(es) of 2 x 32" in out
     assert "train.grad_accum = 3 ignored: train.global_batch_tokens = 256 gives 4 micro-batch(es)" in out
+
+
+def _losses(path: pathlib.Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines()) if "loss" in r}
+
+
+def test_a_resume_with_less_data_parallelism_keeps_the_global_batch(data, tmp_path):
+    """Half the samples per micro-step on resume (as with half the processes): train.global_batch_tokens doubles
+    the accumulation, so the steps go on as the uninterrupted run's; without it the log says the batch shrank."""
+    def run(name: str, *extra: str) -> pathlib.Path:
+        log = tmp_path / f"{name}.jsonl"
+        train(load_config("demo", tiny_settings(data, tmp_path / name.split("-")[0], f"log.jsonl={log}", "log.every=1",
+                                                "train.steps=6", "train.warmup_steps=1", *extra)))
+        return log
+
+    full = _losses(run("full", "data.batch_size=8", "train.global_batch_tokens=256"))
+    run("cut", "data.batch_size=8", "train.global_batch_tokens=256", "train.stop_at=3")
+    shutil.copytree(tmp_path / "cut", tmp_path / "plain")
+    resumed = run("cut-resumed", "data.batch_size=4", "train.global_batch_tokens=256")
+    assert sorted(_losses(resumed)) == [4, 5, 6]
+    assert all(_losses(resumed)[s] == pytest.approx(full[s], rel=1e-4) for s in (4, 5, 6))
+    plain = run("plain-resumed", "data.batch_size=4")
+    event = next(r for r in map(json.loads, plain.read_text().splitlines()) if r.get("event") == "resume")
+    assert "global batch 256 -> 128 tokens per step" in event["message"]

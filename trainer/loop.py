@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import dataflow
+from dataflow.distributed import data_parallel_coordinates
 from dataflow.errors import TrainingAborted
 from dataflow.units import count
 from trainer.build import Counters, Run, build_data, open_dataset, seed_everything, setup
@@ -61,6 +62,9 @@ def train(cfg: Config) -> dict[str, Any]:
     check_vocab(layout, cfg.model, ds.vocab_size)
     d = init_distributed(cfg.train.device, layout)
     d.mesh = build_mesh(cfg, d)
+    if d.mesh is not None and data_parallel_coordinates(d.mesh) != ds.rank_world():  # the env's order is the mesh's
+        raise TrainingAborted(f"rank {d.rank}: the loader's data-parallel coordinate {ds.rank_world()} is not the "
+                              f"mesh's {data_parallel_coordinates(d.mesh)}")
     log = MetricsLogger(cfg.log.jsonl, cfg.log.tensorboard, enabled=d.is_main)
     threads = set_cpu_threads(d, cfg.data.num_workers)
     try:

@@ -1,0 +1,128 @@
+"""Tensor parallelism under torchrun on CPU (gloo): dp 2 x tp 2 trains exactly as one process on the same global
+batch, its checkpoint resumes at another layout with the same global batch, and the ranks of a tensor-parallel
+group that read different batches are stopped in one line naming them. All heavy (make test-all)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dataflow.errors import TrainingAborted
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STEPS = 8
+pytestmark = pytest.mark.heavy
+
+
+@pytest.fixture(scope="module")
+def kjv_data(tmp_path_factory, kjv) -> pathlib.Path:
+    from dataflow.preprocess.run import TokenizeConfig, tokenize
+
+    out = tmp_path_factory.mktemp("kjv-tp")
+    tokenize(TokenizeConfig(inputs=[str(kjv)], out=str(out), shard_size="256KB", workers=1, progress=False))
+    return out
+
+
+def settings(data: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
+    """A 2-layer model on CPU in fp32; 256 tokens per optimizer step whatever the layout."""
+    return [f"data.path={data}", "data.seq_len=32", "data.num_workers=0", "model.n_layer=2", "model.n_head=2",
+            "model.d_model=32", f"train.steps={STEPS}", "train.warmup_steps=2", "train.lr=3e-3", "train.min_lr=3e-4",
+            "train.precision=fp32", "train.device=cpu", "train.global_batch_tokens=256", "train.batch_check_every=1",
+            f"checkpoint.dir={out / 'ck'}", "checkpoint.every=4", f"log.jsonl={out / 'metrics.jsonl'}",
+            "log.every=1", *extra]
+
+
+def run_cli(sets: list[str], nproc: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
+        if nproc > 1 else [sys.executable]
+    cmd = launch + ["-m", "trainer", "--config", "demo"] + [a for s in sets for a in ("--set", s)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def records(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def losses(path: pathlib.Path) -> dict[int, tuple[float, float]]:
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in records(path) if "loss" in r}
+
+
+def assert_close(a: dict, b: dict, steps: range, rtol: float = 1e-4) -> None:
+    assert set(steps) <= set(a), sorted(a)
+    for s in steps:
+        assert a[s][0] == pytest.approx(b[s][0], rel=rtol), f"loss at step {s}"
+        assert a[s][1] == pytest.approx(b[s][1], rel=10 * rtol), f"grad norm at step {s}"
+
+
+@pytest.fixture(scope="module")
+def baseline(kjv_data, tmp_path_factory) -> pathlib.Path:
+    """One process, batch 8: the run every layout must reproduce."""
+    out = tmp_path_factory.mktemp("tp-baseline")
+    run_cli(settings(kjv_data, out, "data.batch_size=8"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dp2_tp2(kjv_data, baseline, tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("dp2-tp2")
+    run_cli(settings(kjv_data, out, "data.batch_size=4", "train.parallel=fsdp", "train.tensor_parallel=2"), nproc=4)
+    return out
+
+
+def test_dp2_x_tp2_matches_one_process_step_for_step(baseline, dp2_tp2):
+    assert_close(losses(dp2_tp2 / "metrics.jsonl"), losses(baseline / "metrics.jsonl"), range(1, STEPS + 1))
+    first = records(dp2_tp2 / "metrics.jsonl")[0]
+    assert {k: first[k] for k in ("event", "pp", "dp_replicate", "dp_shard", "tp")} == \
+        {"event": "layout", "pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2}
+    # every rank wrote its own shards, and the data position counts the data-parallel ranks' samples only
+    assert len(list((dp2_tp2 / "ck" / "step-000008").glob("*.distcp"))) == 4
+    state = json.loads((dp2_tp2 / "ck" / "step-000008" / "trainer_state.json").read_text())
+    assert state["loader"]["consumed"] == STEPS * 8 and state["layout"]["tp"] == 2
+
+
+def test_a_dp2_x_tp2_checkpoint_resumes_on_one_process_with_the_same_global_batch(kjv_data, baseline, dp2_tp2,
+                                                                                 tmp_path):
+    shutil.copytree(dp2_tp2 / "ck" / "step-000004", tmp_path / "ck" / "step-000004")
+    # 4 processes -> 1 and batch 4 kept: train.global_batch_tokens makes it 2 micro-batches per step
+    run_cli(settings(kjv_data, tmp_path, "data.batch_size=4"))
+    assert_close(losses(tmp_path / "metrics.jsonl"), losses(baseline / "metrics.jsonl"), range(5, STEPS + 1))
+    event = next(r for r in records(tmp_path / "metrics.jsonl") if r.get("event") == "resume")
+    assert "32 samples consumed" in event["message"] and "world size 4 -> 1" in event["message"]
+    assert "layout dp_shard 2 -> 1, tp 2 -> 1" in event["message"] and "global batch" not in event["message"]
+    state = json.loads((tmp_path / "ck" / "step-000008" / "trainer_state.json").read_text())
+    assert state["loader"]["consumed"] == STEPS * 8 and state["tokens_per_step"] == 256
+
+
+def _check(rank: int, init: str, out: str) -> None:
+    from trainer.step import check_same_batch
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    ids = torch.arange(64).reshape(2, 32)
+    batch = {"input_ids": ids + (rank == 1), "labels": ids}
+    try:
+        check_same_batch({"input_ids": ids, "labels": ids}, dist.group.WORLD, 1)  # the same: passes
+        check_same_batch(batch, dist.group.WORLD, 7)
+    except TrainingAborted as e:
+        pathlib.Path(out, f"rank{rank}").write_text(str(e))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tensor_parallel_ranks_with_different_batches_stop_in_one_line_naming_them(tmp_path):
+    mp.spawn(_check, args=(f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2)
+    said = [(tmp_path / f"rank{r}").read_text() for r in range(2)]
+    assert said[0] == said[1] and "\n" not in said[0]
+    assert said[0].startswith("step 7: tensor-parallel ranks 0, 1 must compute on one batch, but rank(s) 1 read "
+                              "another than rank 0"), said[0]
