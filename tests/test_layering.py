@@ -11,6 +11,8 @@ FORBIDDEN = {
     "dataflow/formats": ("dataflow.loading", "dataflow.preprocess", "dataflow.profiling", "trainer"),
     "dataflow/loading": ("dataflow.profiling", "dataflow.preprocess", "trainer"),
     "dataflow/profiling": ("dataflow.preprocess", "trainer"),
+    # the data-order audit: the loader writes through audit/log.py, so the audit never imports the loader
+    "dataflow/audit": ("dataflow.loading", "dataflow.preprocess", "dataflow.profiling", "trainer"),
     # text -> ids: used by tokenize, convert, decode and the CLI, and knows none of them
     "dataflow/tokenizers": ("dataflow.preprocess", "dataflow.convert", "dataflow.cli", "dataflow.loading",
                             "dataflow.profiling", "trainer"),

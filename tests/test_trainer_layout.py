@@ -169,3 +169,20 @@ def test_a_resume_with_less_data_parallelism_keeps_the_global_batch(data, tmp_pa
     plain = run("plain-resumed", "data.batch_size=4")
     event = next(r for r in map(json.loads, plain.read_text().splitlines()) if r.get("event") == "resume")
     assert "global batch 256 -> 128 tokens per step" in event["message"]
+
+
+def test_the_70b_config_lays_out_as_its_comments_say():
+    import torch
+
+    from trainer.config import builtin_configs
+    from trainer.model import GPT
+
+    cfg = load_config(builtin_configs()["gpt-70b-3d"], ["data.path=unused"])
+    with torch.device("meta"):
+        assert GPT(cfg.model, 50257, cfg.data.seq_len).num_params() == 64_837_918_720
+    layout = plan_layout(cfg, 128, 8)  # 16 nodes of 8 GPUs
+    assert layout == Layout(pp=1, dp_replicate=4, dp_shard=4, tp=8, grad_accum=64)
+    check_vocab(layout, cfg.model, 50257)
+    assert 16 * 64_837_918_720 / (layout.tp * layout.dp_shard) < 33e9  # fp32 states per GPU
+    bigger = load_config(builtin_configs()["gpt-70b-3d"], ["data.path=unused", "train.hsdp_replicas=8"])
+    assert plan_layout(bigger, 256, 8) == Layout(1, 8, 4, 8, grad_accum=32)  # 32 nodes: the same global batch

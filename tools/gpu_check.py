@@ -3,10 +3,12 @@
 1. pinned vs pageable host-to-device bandwidth;
 2. proof of overlap: a copy timed alone, a matmul alone, both together on two streams;
 3. the prefetcher's wait per batch against a model step (loader workers -> pinned ring -> GPU);
-4. the trainer's tokens/s and data-wait % for a short GPU run.
+4. the trainer's tokens/s and data-wait % for a short GPU run;
+5. tensor parallelism through the trainer's own code path at tp 1 (a 1-rank mesh, DTensor weights, FSDP2 over the
+   data dimension): the same losses and gradient norms as the plain model, and its step time beside the plain one.
 
     python tools/gpu_check.py [--out gpu-check-out]
-    python tools/gpu_check.py --dry-run     # no GPU: parts 3 and 4 on the CPU, tiny, to test this script
+    python tools/gpu_check.py --dry-run     # no GPU: parts 3, 4 and 5 on the CPU, tiny, to test this script
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the trainer's own modules (part 5), from a clone
 
 
 def bandwidth(nbytes: int = 256 << 20, reps: int = 10) -> None:
@@ -143,10 +146,79 @@ def trainer_run(data: str, out: str, dry_run: bool) -> None:
     print(f"  data path checked: {'pinned direct copies' if pinned else 'CPU, no copies'}, {batches} batches")
 
 
+def _tp_models(device: str, dry_run: bool) -> tuple:
+    """The config, the plain GPT and the same GPT through the trainer's tensor-parallel path at tp 1."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from trainer.config import load_config
+    from trainer.layout import MESH_DIMS
+    from trainer.model import GPT
+    from trainer.parallelize import apply_tensor_parallel
+
+    small = ["model.n_layer=2", "model.n_head=2", "model.d_model=64", "data.seq_len=128"] if dry_run else \
+        ["model.n_layer=12", "model.n_head=12", "model.d_model=768", "data.seq_len=1024"]
+    cfg = load_config(None, ["data.path=unused", "train.precision=fp32", *small])
+    if not dist.is_initialized():  # one rank of its own: the mesh and DTensors need a process group
+        import tempfile
+
+        store = os.path.join(tempfile.mkdtemp(prefix="gpu-check-"), "store")
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{store}", rank=0,
+                                world_size=1)
+    mesh = init_device_mesh(device, (1, 1, 1, 1), mesh_dim_names=MESH_DIMS)
+    vocab = 512 if dry_run else 50257
+    plain = GPT(cfg.model, vocab, cfg.data.seq_len).to(device)
+    plain.init_weights(0)
+    with torch.device("meta"):
+        tp = GPT(cfg.model, vocab, cfg.data.seq_len)
+    apply_tensor_parallel(tp, mesh["tp"])
+    for block in tp.blocks:
+        fully_shard(block, mesh=mesh["dp_shard"])
+    fully_shard(tp, mesh=mesh["dp_shard"])
+    tp.to_empty(device=device)
+    tp.tie_weights()
+    tp.init_weights(0)
+    return cfg, plain, tp
+
+
+def tensor_parallel_step(device: str, dry_run: bool, steps: int) -> None:
+    """The trainer's tensor-parallel path at tp 1 against the plain model: losses and grad norms step for step."""
+    from trainer.step import clip_grads
+
+    cfg, plain, tp = _tp_models(device, dry_run)
+    same = all(torch.equal(p.full_tensor() if hasattr(p, "full_tensor") else p, q)
+               for p, q in zip(tp.parameters(), plain.parameters()))
+    gen = torch.Generator().manual_seed(0)
+    worst, times = 0.0, {"plain": 0.0, "tp": 0.0}
+    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-3) for name, m in (("plain", plain), ("tp", tp))}
+    for _ in range(steps):
+        ids = torch.randint(0, plain.vocab_size, (4, cfg.data.seq_len + 1), generator=gen).to(device)
+        out = {}
+        for name, model in (("plain", plain), ("tp", tp)):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = model(ids[:, :-1], ids[:, 1:])
+            loss.backward()
+            norm = clip_grads(model, 1.0)
+            opts[name].step()
+            opts[name].zero_grad(set_to_none=True)
+            out[name] = (loss.item(), float(norm))
+            times[name] += time.perf_counter() - t0
+        worst = max(worst, abs(out["tp"][0] - out["plain"][0]) / abs(out["plain"][0]),
+                    abs(out["tp"][1] - out["plain"][1]) / abs(out["plain"][1]))
+    print(f"  tp 1 weights {'equal' if same else 'DIFFER from'} the plain model's; worst relative difference of "
+          f"loss / grad norm over {steps} steps {worst:.2e}; step {1e3 * times['tp'] / steps:.1f} ms (plain "
+          f"{1e3 * times['plain'] / steps:.1f} ms)")
+    if not same or worst > 1e-4:
+        raise SystemExit("the tensor-parallel path at tp 1 does not train as the plain model")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(ROOT, "gpu-check-out"))
-    p.add_argument("--dry-run", action="store_true", help="no GPU needed: parts 3 and 4, tiny, on the CPU")
+    p.add_argument("--dry-run", action="store_true", help="no GPU needed: parts 3, 4 and 5, tiny, on the CPU")
     args = p.parse_args()
     dry = args.dry_run
     if not dry and not torch.cuda.is_available():
@@ -164,6 +236,8 @@ def main() -> int:
     prefetch_vs_step(data, "cpu" if dry else "cuda", steps=10 if dry else 300)
     print("4. trainer, short run", flush=True)
     trainer_run(data, args.out, dry_run=dry)
+    print("5. tensor parallel path at tp 1 vs the plain model", flush=True)
+    tensor_parallel_step("cpu" if dry else "cuda", dry, steps=4 if dry else 20)
     return 0
 
 if __name__ == "__main__":
