@@ -54,4 +54,5 @@ def test_a_relative_file_url_and_file_url_inputs_and_tokenizer(src, tmp_path, mo
 
 def test_the_config_holds_the_local_path():
     assert TokenizeConfig(inputs=["x.jsonl"], out="file:///data/ds").out == "/data/ds"
-    assert TokenizeConfig(inputs=["x.jsonl"], out="s3://b/ds").out == "s3://b/ds"
+    for spelling in ("s3://b/ds", "s3://b/ds/", "s3://b//ds", "s3://b/ds//"):  # one prefix, spelled one way
+        assert TokenizeConfig(inputs=["x.jsonl"], out=spelling).out == "s3://b/ds"

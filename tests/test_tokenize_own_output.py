@@ -114,3 +114,25 @@ def test_a_folder_that_holds_only_the_runs_output_is_one_line(folder):
     p = tokenize(out, "-o", out)
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert "holds only what this run writes" in p.stderr
+
+
+def test_an_object_store_prefix_that_is_input_and_output_reruns_as_complete(kjv, tmp_path):
+    """The same on S3 (moto's server): the run's objects under the prefix, however the prefix is spelled."""
+    from s3_server import moto_s3
+
+    with moto_s3("own", endpoint_env=True) as (_, client):
+        client.put_object(Bucket="own", Key="mix/in.jsonl", Body=b"".join(kjv_lines(kjv)[:120]))
+        env = dict(os.environ, DATAFLOW_CACHE=str(tmp_path / "cache"), PYTHONPATH=os.getcwd())
+
+        def run(out):
+            return subprocess.run([*DATAFLOW, "tokenize", "s3://own/mix", "-o", out, *ARGS], capture_output=True,
+                                  text=True, env=env)
+
+        first = run("s3://own/mix")
+        assert first.returncode == 0 and documents(first) == 120, first.stderr
+        keys = {o["Key"]: o["ETag"] for o in client.list_objects_v2(Bucket="own", Prefix="mix/")["Contents"]}
+        assert "mix/index.json" in keys and "mix/_errors.jsonl" in keys
+        for spelling in ("s3://own/mix", "s3://own/mix/", "s3://own//mix"):
+            again = run(spelling)
+            assert again.returncode == 0 and "already complete" in again.stdout, (spelling, again.stderr)
+        assert {o["Key"]: o["ETag"] for o in client.list_objects_v2(Bucket="own", Prefix="mix/")["Contents"]} == keys

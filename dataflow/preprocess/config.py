@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -51,7 +52,7 @@ class TokenizeConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        self.out = remote.local_path(self.out)  # -o file:///abs/ds is the folder /abs/ds, not ./file:/abs/ds
+        self.out = output_location(self.out)
 
     def output_settings(self, inputs: list[list[Any]]) -> dict[str, Any]:
         """Everything that changes the output bytes; a rerun must match these to resume. `inputs`: the files
@@ -91,6 +92,17 @@ class TokenizeConfig:
             raise ConfigError(f"--unit-size: {self.unit_bytes:,} bytes is below the {MIN_UNIT_SIZE >> 10}KB minimum "
                               f"(smaller units only add overhead); pass a larger size, or leave it out")
         check_shard_size(self.shard_size, "--shard-size")
+
+
+def output_location(out: str) -> str:
+    """-o as the place it names: `file:///abs/ds` is the folder /abs/ds (not ./file:/abs/ds); a URL's path
+    without repeated or trailing slashes (`s3://b//ds/` is `s3://b/ds`, the one prefix the store writes and
+    the run lock is keyed by), so a rerun spelled otherwise finds its dataset."""
+    out = remote.local_path(out)
+    if not remote.is_remote(out):
+        return out
+    scheme, _, path = out.partition("://")
+    return f"{scheme}://{re.sub('/+', '/', path).rstrip('/')}" if path.strip("/") else out
 
 
 def worker_count(workers: int | str) -> int:
