@@ -17,6 +17,7 @@ import sys
 from typing import Callable, Sequence
 
 from dataflow import env
+from dataflow.audit.command import add_audit_parser
 from dataflow.convert.command import add_convert_parser
 from dataflow.debug import debug_enabled
 from dataflow.errors import ConfigError, DataflowError
@@ -338,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_verify)
 
     _add_decode_parser(add)
+    add_audit_parser(add)
 
     add_convert_parser(sub)
     sub.add_parser("train", add_help=False, help="train the bundled GPT: dataflow train --config demo --set "

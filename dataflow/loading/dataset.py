@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from dataflow.audit.log import AuditLog
 from dataflow.errors import ConfigError
 from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
@@ -53,6 +54,9 @@ class StreamingDataset(IterableDataset):
             process instead.
         first_contact_s: seconds the first read of a remote dataset (its manifest) may take in all, retries
             included, before it is `UnreachableError` (default `$DATAFLOW_FIRST_CONTACT_S`, else 120).
+        audit: a folder: the global sample positions served, as they are yielded, are appended to
+            `audit/audit-rank-R.jsonl` (a `StreamingDataLoader` over this dataset records there too);
+            `dataflow audit DIR` checks every sample of each epoch was served once (`dataflow/audit/`).
 
     Iterated directly (or by torch's `DataLoader` with `num_workers=0`) it yields this rank's samples
     one at a time and tracks its position for `state_dict()`. Under torch's `DataLoader` with workers
@@ -64,7 +68,8 @@ class StreamingDataset(IterableDataset):
                  shuffle: bool = True, seed: int = 0, shuffle_window: int = 8, rank: int | None = None,
                  world_size: int | None = None, position_ids: bool = False, cache_dir: str | None = None,
                  cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None,
-                 decode_once: bool = True, first_contact_s: float | None = None):
+                 decode_once: bool = True, first_contact_s: float | None = None,
+                 audit: str | os.PathLike | None = None):
         super().__init__()
         _check_arguments(locals())
         self.paths, weights = sources(source)
@@ -82,6 +87,9 @@ class StreamingDataset(IterableDataset):
         self._check_shards_present()
         self.reader = ShardReader(self.index, self.storages, self.decode_once)
         self.cursor = Cursor(self.seed, self.num_samples, seq_len, self.index.fingerprint)
+        self.audit = None if audit is None else os.fspath(audit)
+        self._audit_log: AuditLog | None = None  # made when this process first iterates the dataset itself
+        self._audit_via = "start"
 
     def _check_not_empty(self) -> None:
         """A dataset that can yield no sample is a mistake: say why now, not after an empty epoch."""
@@ -195,16 +203,20 @@ class StreamingDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         self.cursor.set_epoch(epoch)
+        self._audit_via = "set_epoch"
 
     def loader_state(self) -> LoaderState:
         return self.cursor.state()
 
     def state_dict(self) -> dict[str, Any]:
         """The position (epoch, global samples consumed) and what it is valid for: small, JSON-serialisable."""
+        if self._audit_log is not None:
+            self._audit_log.flush()  # the audit's records up to this state are on disk
         return self.cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor.load_state_dict(state)
+        self._audit_via = "load_state_dict"
 
     # --- the contract: filling batches ----------------------------------------------------------------
     def batch_layout(self, batch_size: int) -> Layout:
@@ -276,9 +288,20 @@ class StreamingDataset(IterableDataset):
             self.cursor.mark_untracked()
         plan = self.plan(batch_size=1)
         if info is not None:
-            yield from self._samples(plan, range(info.id, plan.num_batches, info.num_workers))
+            samples = self._samples(plan, range(info.id, plan.num_batches, info.num_workers))
         else:
-            yield from self.cursor.follow(plan, self._samples(plan, range(plan.num_batches)))
+            samples = self.cursor.follow(plan, self._samples(plan, range(plan.num_batches)))
+        yield from samples if self.audit is None else self._audited(plan, samples, info)
+
+    def _audited(self, plan: BatchPlan, samples: Iterator[dict[str, Any]], info: Any) -> Iterator[dict[str, Any]]:
+        """`samples` recorded in the audit as they are yielded (a torch DataLoader worker: in a file of its own)."""
+        worker, workers = (None, 0) if info is None else (info.id, info.num_workers)
+        if self._audit_log is None or not self._audit_log.mine(worker):  # a worker's copy has none of its own
+            self._audit_log = AuditLog(self.audit, self.cursor.state().to_dict(), (*self.rank_world(), workers),
+                                       batch_size=1, drop_last=True, source=type(self).__name__, worker=worker)
+        via, self._audit_via = self._audit_via, None
+        walk = self._audit_log.walk(plan, via, worker or 0, max(workers, 1))
+        return self._audit_log.track(walk, samples)
 
     def _samples(self, plan: BatchPlan, batches: range) -> Iterator[dict[str, Any]]:
         for b in batches:
@@ -313,6 +336,8 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {  # StreamingDataset's arguments: (acc
     "storage_options": (lambda v: v is None or isinstance(v, dict), "a dict of fsspec options, or None"),
     "decode_once": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
     "first_contact_s": (lambda v: v is None or _number(v) and 0 < v < float("inf"), "a positive number, or None"),
+    "audit": (lambda v: v is None or isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
+              "a folder for the data-order audit, or None"),
 }
 
 

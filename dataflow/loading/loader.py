@@ -12,6 +12,7 @@ knows its source only through the `SampleSource` contract (contract.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -21,6 +22,7 @@ import torch
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from dataflow.audit.log import AuditLog
 from dataflow.debug import cause
 from dataflow.errors import ConfigError, WorkerDied
 from dataflow.loading.contract import SampleSource, StageSnapshot
@@ -70,6 +72,8 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {  # StreamingDataLoader's arguments: (
     "cycle": (_flag, "True or False"),
     "held_batches": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
     "stage_hook": (lambda v: v is None or callable(v), "a callable taking a BatchTiming, or None"),
+    "audit": (lambda v: v is None or isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
+              "a folder for the data-order audit, or None"),
 }
 
 
@@ -122,12 +126,16 @@ class StreamingDataLoader:
     `pin_memory=True` page-locks the batches when CUDA is present, so `DevicePrefetcher` copies them
     to the GPU directly. `stage_hook(BatchTiming)` is called for each batch in the process that built
     it (it must be picklable to reach workers): `dataflow profile` records through it.
+    `audit=DIR` appends the global sample positions each batch holds, as it is yielded, to
+    `DIR/audit-rank-R.jsonl` (default: the dataset's own `audit`); `dataflow audit DIR` checks that
+    every sample of each epoch was served once across ranks and resumes (`dataflow/audit/`).
     """
 
     def __init__(self, dataset: SampleSource, batch_size: int = 1, num_workers: int = 0,
                  drop_last: bool = True, pin_memory: bool = False, persistent_workers: bool = False,
                  prefetch_factor: int | None = None, timeout: float = 0, multiprocessing_context: Any = None,
-                 cycle: bool = False, held_batches: int = 4, stage_hook: Hook = None):
+                 cycle: bool = False, held_batches: int = 4, stage_hook: Hook = None,
+                 audit: str | os.PathLike | None = None):
         if not isinstance(dataset, SampleSource):
             raise ConfigError(f"StreamingDataLoader takes a StreamingDataset, got {type(dataset).__name__} (or any "
                               f"dataflow.loading.contract.SampleSource)")
@@ -148,6 +156,11 @@ class StreamingDataLoader:
         self._copies = 0  # of closed worker pools
         self._stages: dict[str, float] = {}  # stages run in this process (num_workers=0)
         self._stages_by_worker: dict[int, dict[str, float]] = {}  # those of closed worker pools
+        folder = audit if audit is not None else getattr(dataset, "audit", None)
+        self._audit = None if folder is None else AuditLog(
+            folder, dataset.cursor.state().to_dict(), (*dataset.rank_world(), self.num_workers),
+            batch_size=self.batch_size, drop_last=self.drop_last, source=type(self).__name__)
+        self._via = "start"  # how the next walk got to its position (the audit's record of resumes)
 
     def __len__(self) -> int:
         """Batches of one epoch for this rank (the same on every rank)."""
@@ -180,9 +193,13 @@ class StreamingDataLoader:
         while True:
             plan = self._plan()
             source = self._source(plan)
+            audit, via, self._via = self._audit, self._via, None
+            audited = audit.walk(plan, via) if audit is not None else 0
             try:
                 for batch in cursor.follow(plan, source, walk):  # records each batch before it is yielded
                     self._batches += 1
+                    if audit is not None:
+                        audit.step()
                     yield batch
             except GeneratorExit:  # the consumer stopped early (break, or the iterator was dropped)
                 if self._newest(walk) and not self.persistent_workers:
@@ -196,6 +213,8 @@ class StreamingDataLoader:
                 close = getattr(source, "close", None)
                 if close is not None:
                     close()
+                if audit is not None:
+                    audit.end_walk(audited)
             if not self.cycle:
                 break
         if self._newest(walk) and not self.persistent_workers:
@@ -280,7 +299,10 @@ class StreamingDataLoader:
         return out
 
     def close(self) -> None:
-        """Stop the worker processes (also done at the end of each epoch unless persistent_workers)."""
+        """Stop the worker processes (also done at the end of each epoch unless persistent_workers); the
+        audit's records are written, with a clean stop at the current position."""
+        if self._audit is not None:
+            self._audit.close()
         if self._pool is not None:
             for w, d in enumerate(self._pool.stage_by_worker):
                 add_seconds(self._stages_by_worker.setdefault(w, {}), d)
@@ -297,11 +319,16 @@ class StreamingDataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` at its beginning (an unfinished iterator is stale from now on)."""
         self.dataset.cursor.set_epoch(epoch)
+        self._via = "set_epoch"
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the next batch starts: resume with `load_state_dict` in a new process, any worker count."""
+        """Where the next batch starts: resume with `load_state_dict` in a new process, any worker count.
+        The audit's records up to here are written first (a checkpoint of this state finds them on disk)."""
+        if self._audit is not None:
+            self._audit.flush()
         return self.dataset.cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved position (an unfinished iterator is stale from now on)."""
         self.dataset.cursor.load_state_dict(state)
+        self._via = "load_state_dict"
