@@ -136,3 +136,18 @@ def test_an_object_store_prefix_that_is_input_and_output_reruns_as_complete(kjv,
             again = run(spelling)
             assert again.returncode == 0 and "already complete" in again.stdout, (spelling, again.stderr)
         assert {o["Key"]: o["ETag"] for o in client.list_objects_v2(Bucket="own", Prefix="mix/")["Contents"]} == keys
+
+
+def test_task_slices_and_their_merge_in_the_input_folder(folder):
+    """Task 1 lists the folder after task 0 wrote its part there; after the merge every task reruns as done."""
+    tasks = ["--num-tasks", "2", "--unit-size", "64KB"]
+    for i in (0, 1):
+        p = tokenize(folder, "-o", folder, *tasks, "--task-index", i)
+        assert p.returncode == 0, p.stderr
+    assert subprocess.run([*DATAFLOW, "merge", str(folder)], capture_output=True).returncode == 0
+    made = every_file(folder)
+    assert json.loads((folder / "index.json").read_text())["totals"]["documents"] == 157
+    for i in (0, 1):
+        p = tokenize(folder, "-o", folder, *tasks, "--task-index", i)
+        assert p.returncode == 0 and "already complete" in p.stdout, p.stderr
+    assert every_file(folder) == made
