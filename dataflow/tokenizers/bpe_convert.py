@@ -10,15 +10,12 @@ first, and merge order is rank order. `convert` checks the structure and says wh
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from dataflow import env
-from dataflow.formats.atomic import write_json_atomic
 
 # The split pattern of the `ByteLevel` pre-tokenizer when `use_regex` is on (tokenizers' byte_level.rs).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -50,6 +47,9 @@ class Conversion:
     ignore_merges: bool
     pattern_source: str  # where the split pattern came from, for the log
     skipped: list[str] = field(default_factory=list)  # vocab entries tiktoken leaves out, and why
+    normalizer: str | None = None  # the Unicode form the text is normalized to first ("NFC"), if any
+    added: dict[str, int] = field(default_factory=dict)  # non-special added tokens: matched inside text
+    added_normalized: bool = False  # they match the normalized text (else the text as it is, before normalizing)
 
 
 def convert(obj: dict[str, Any]) -> Conversion:
@@ -57,14 +57,14 @@ def convert(obj: dict[str, Any]) -> Conversion:
 
     Raises NotConvertible naming the first feature tiktoken cannot reproduce exactly.
     """
-    _check_normalizer(obj.get("normalizer"))
+    normalizer = _normalization(obj.get("normalizer"))
     pat_str, pattern_source = _split_pattern(obj.get("pre_tokenizer"))
     model = obj.get("model") or {}
     _check_model(model)
     ignore_merges = bool(model.get("ignore_merges", False))
     added = obj.get("added_tokens") or []
-    _check_added_tokens(added)
     vocab: dict[str, int] = model.get("vocab") or {}
+    matched, added_normalized = _added_as_tokens(added, vocab)
     _check_byte_symbols(vocab)
     ranks: dict[bytes, int] = {bytes([b]): vocab[c] for b, c in bytes_to_unicode().items()}
     ranks.update(_merge_ranks(model.get("merges") or [], vocab))
@@ -73,7 +73,8 @@ def convert(obj: dict[str, Any]) -> Conversion:
     if len(rank_ids) != len(ranks):
         raise NotConvertible("two byte strings share one id in the vocab")
     special = {tok["content"]: int(tok["id"]) for tok in added if int(tok["id"]) not in rank_ids}
-    return Conversion(pat_str, ranks, special, ignore_merges, pattern_source, skipped)
+    return Conversion(pat_str, ranks, special, ignore_merges, pattern_source, skipped, normalizer, matched,
+                      added_normalized)
 
 
 def _check_model(model: dict[str, Any]) -> None:
@@ -89,11 +90,25 @@ def _check_model(model: dict[str, Any]) -> None:
             raise NotConvertible(f"BPE {key} {model[key]!r} changes the symbols merges work on")
 
 
-def _check_added_tokens(added: list[dict[str, Any]]) -> None:
-    for tok in added:
-        if not tok.get("special", False):
-            raise NotConvertible(f"added token {tok.get('content')!r} (id {tok.get('id')}) is not special: "
-                                 "tokenizers matches it inside documents, tiktoken cannot")
+def _added_as_tokens(added: list[dict[str, Any]], vocab: dict[str, int]) -> tuple[dict[str, int], bool]:
+    """The added tokens that are not special (`tokenizers` matches them inside documents, before the split
+    pattern: Qwen's <tool_call>, <think>) and whether they match the normalized text; special ones are text."""
+    plain = [t for t in added if not t.get("special", False)]
+    for tok in plain:
+        known = vocab.get(tok.get("content"))
+        if known is not None and known != tok.get("id"):
+            raise NotConvertible(f"added token {tok.get('content')!r} (id {tok.get('id')}) is not special and is also "
+                                 f"vocab token {known}: which id tokenizers gives it depends on its version")
+        for option in ("single_word", "lstrip", "rstrip"):
+            if tok.get(option):
+                raise NotConvertible(f"added token {tok.get('content')!r} (id {tok.get('id')}) is not special and "
+                                     f"has {option}: tokenizers matches it inside documents in a way tiktoken's "
+                                     "engine does not reproduce")
+    normalized = {bool(t.get("normalized", True)) for t in plain}
+    if len(normalized) > 1:
+        raise NotConvertible("the added tokens that are not special match partly the text, partly the normalized "
+                             "text; tiktoken's engine matches all of them one way")
+    return {t["content"]: int(t["id"]) for t in plain}, normalized == {True}
 
 
 def _check_byte_symbols(vocab: dict[str, int]) -> None:
@@ -182,13 +197,17 @@ def _symbols_to_bytes(token: str) -> bytes | None:
         return None
 
 
-def _check_normalizer(norm: dict[str, Any] | None) -> None:
+def _normalization(norm: dict[str, Any] | None) -> str | None:
+    """The Unicode normalization form the normalizer applies ("NFC", which Python's own reproduces), or None."""
     if norm is None:
-        return
+        return None
     if norm.get("type") == "Sequence":
-        for n in norm.get("normalizers") or []:
-            _check_normalizer(n)
-        return
+        forms = [f for f in map(_normalization, norm.get("normalizers") or []) if f]
+        if len(forms) > 1:
+            raise NotConvertible(f"normalizers {forms} one after another; tiktoken's engine applies at most one")
+        return forms[0] if forms else None
+    if norm.get("type") == "NFC":
+        return "NFC"
     raise NotConvertible(f"normalizer {norm.get('type')} rewrites text before BPE; tiktoken has no normalizer")
 
 
@@ -272,6 +291,7 @@ def probe_texts(extra: Sequence[str] = ()) -> list[str]:
         "中文文本，包含标点。日本語のテキスト、カタカナとひらがな。한국어 텍스트입니다.",
         "العربية نص مع أرقام ١٢٣ עברית טקסט हिन्दी पाठ ภาษาไทย ქართული Հայերեն",
         "e\u0301 a\u0308 n\u0303 Z\u0351\u0352\u0353a\u0334\u0335l\u0336g\u0337o",
+        "a\u0301\u0323 a\u0323\u0301 \u212b \u2126 \u1100\u1161\u11a8 \u0344 \u0958 \u2adc \ufb1d \U0001d15e",
         "😀 👍🏽 👨‍👩‍👧‍👦 🇫🇷🇩🇪 ❤️ ✌🏿 🏳️‍🌈 😀😀😀 a😀b",
         "def f(x):\n    return x ** 2  # square\n\tif a != b: pass\n{\"key\": [1, 2.5, null]}\n",
         "https://example.com/path?q=1&r=2 user@example.org C:\\Windows\\path <div class=\"x\">&amp;</div>",
@@ -315,53 +335,7 @@ def first_mismatch(expected: Callable[[list[str]], list[list[int]]],
     return None
 
 
-CONVERSION_VERSION = 1  # bump when `convert` may derive other ranks or patterns: remembered ones are then unused
-
-
 def proof_cache_dir() -> str:
     """The folder where engine proofs are remembered on this machine (DATAFLOW_PROOF_CACHE overrides it)."""
     return env.text("DATAFLOW_PROOF_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dataflow", "engine-proofs")
-
-
-def _proof_path(sha256: str) -> str:
-    """Where a proof is remembered: keyed by the file, the conversion and both engines' versions."""
-    import tiktoken
-    import tokenizers
-
-    return os.path.join(proof_cache_dir(), f"{sha256}-conv{CONVERSION_VERSION}-tiktoken{tiktoken.__version__}"
-                              f"-tokenizers{tokenizers.__version__}.json")
-
-
-@dataclass
-class Recalled:
-    """A proof remembered on this machine, with the conversion it proved (what tiktoken needs)."""
-
-    proof: str
-    pat_str: str
-    mergeable_ranks: dict[bytes, int]
-    special_tokens: dict[str, int]
-
-
-def recall_proof(sha256: str) -> Recalled | None:
-    """What an earlier run on this machine proved for this file with these versions, if anything: loading
-    the remembered ranks skips parsing the JSON and converting the vocabulary (most of a load)."""
-    try:
-        with open(_proof_path(sha256)) as f:
-            d = json.load(f)
-        ranks = {binascii.a2b_base64(token): rank for token, rank in d["ranks"]}
-        return Recalled(d["proof"], d["pat_str"], ranks, d["special_tokens"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def remember_proof(sha256: str, proof: str, conv: Conversion) -> None:
-    """Best effort: a read-only home only means the next run converts and proves again."""
-    try:
-        path = _proof_path(sha256)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        ranks = [[base64.b64encode(token).decode("ascii"), rank] for token, rank in conv.mergeable_ranks.items()]
-        write_json_atomic(path, {"sha256": sha256, "proof": proof, "pat_str": conv.pat_str,
-                                 "special_tokens": conv.special_tokens, "ranks": ranks})
-    except OSError:
-        pass
