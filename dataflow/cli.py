@@ -266,20 +266,8 @@ def _add_decode_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> No
     d.set_defaults(func=cmd_decode)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dataflow", description="Keep GPUs fed: tokenize, inspect, verify, decode, "
-                                "convert and profile token datasets; train a GPT on them.",
-                                formatter_class=_HelpFormatter)
-    p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
-    p.add_argument("--debug", action="store_true", help="show full tracebacks (also DATAFLOW_DEBUG=1)")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def add(name: str, helptext: str) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=helptext, description=helptext, formatter_class=_HelpFormatter)
-        c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show full tracebacks (also DATAFLOW_DEBUG=1)")
-        return c
-
+def _add_tokenize_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """`dataflow tokenize`'s arguments."""
     t = add("tokenize", "tokenize raw text into compressed shards")
     t.add_argument("inputs", nargs="+", help="files, globs, folders or fsspec URLs: .jsonl/.json (a document a "
                    "line), .parquet (a document a row), .txt (a document a file); .jsonl and .txt optionally .gz, "
@@ -322,6 +310,23 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     t.add_argument("--json", action="store_true", help="print the summary as JSON")
     t.set_defaults(func=cmd_tokenize)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dataflow", description="Keep GPUs fed: tokenize, inspect, verify, decode, "
+                                "convert and profile token datasets; train a GPT on them.",
+                                formatter_class=_HelpFormatter)
+    p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks (also DATAFLOW_DEBUG=1)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, helptext: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=helptext, description=helptext, formatter_class=_HelpFormatter)
+        c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show full tracebacks (also DATAFLOW_DEBUG=1)")
+        return c
+
+    _add_tokenize_parser(add)
 
     g = add("merge", "one manifest over the parts of a --num-tasks run")
     g.add_argument("out", help="the OUT folder the task slices wrote into")
