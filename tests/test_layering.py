@@ -93,6 +93,7 @@ def test_preprocess_never_imports_the_loader_or_the_profiler():
 # preprocess/, so moving readers into preprocess/readers/ keeps the guard); every module under
 # preprocess/readers/ is a reader. A module never imports one of a role above its own.
 PREPROCESS_ROLES = [
+    ("command",),  # `dataflow tokenize`'s arguments and summary (the CLI's door into preprocess)
     ("run", "merge", "decode"),  # the commands: `dataflow tokenize` (plans, drives, commits, resumes), merge, decode
     ("finish",),  # the manifests: the commit point
     ("startup",),  # the checks before any commit, the journal's start
