@@ -34,6 +34,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "DATAFLOW_GIGATOKEN_CACHE_MB": ("megabytes", "growth in MB after which the gigatoken engine starts afresh "
                                                  "(default 256)"),
     "DATAFLOW_PROOF_CACHE": ("text", "folder where tokenizer engine proofs are remembered"),
+    "DATAFLOW_WATCHDOG_S": ("number", "seconds a loader may wait for one batch before it logs what each of its "
+                                      "workers is doing, and again each time as long (default 300; 0: never)"),
 }
 
 

@@ -43,7 +43,7 @@ def test_lower_layers_never_import_upper_ones():
 LOADING_LAYERS = [
     ("prefetch",),  # the device prefetcher
     ("loader",),  # StreamingDataLoader: plans batches, walks the cursor
-    ("handoff",),  # the worker pool
+    ("handoff", "watchdog"),  # the worker pool; the loader's watch on its waits
     ("ring",),
     ("dataset",),  # StreamingDataset: the public face
     ("reader",),  # per-process open shards

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from functools import partial
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -22,6 +23,7 @@ import torch
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from dataflow import env
 from dataflow.audit.log import AuditLog
 from dataflow.debug import cause
 from dataflow.errors import ConfigError, WorkerDied
@@ -29,6 +31,7 @@ from dataflow.loading.contract import SampleSource, StageSnapshot
 from dataflow.loading.handoff import WorkerPool, how_it_ended
 from dataflow.loading.plan import BatchPlan
 from dataflow.loading.stages import STAGES, TOTALS, BatchTiming, Hook, add_report, add_seconds
+from dataflow.loading.watchdog import Watchdog
 
 
 @dataclass
@@ -74,6 +77,8 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {  # StreamingDataLoader's arguments: (
     "stage_hook": (lambda v: v is None or callable(v), "a callable taking a BatchTiming, or None"),
     "audit": (lambda v: v is None or isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
               "a folder for the data-order audit, or None"),
+    "watchdog_s": (lambda v: v is None or (_int(v) or isinstance(v, (float, np.floating))) and 0 <= v < float("inf"),
+                   "a number of seconds >= 0 (0: off), or None ($DATAFLOW_WATCHDOG_S, else 300)"),
 }
 
 
@@ -82,6 +87,13 @@ def _check_arguments(given: dict[str, Any]) -> None:
     for name, (acceptable, want) in _ARGUMENTS.items():
         if not acceptable(given[name]):
             raise ConfigError(f"StreamingDataLoader: {name} must be {want}, got {given[name]!r}")
+
+
+def _start_method(context: Any) -> str | None:
+    """How worker processes start under `multiprocessing_context` (None: torch's default)."""
+    if context is None or isinstance(context, str):
+        return tmp.get_context(context).get_start_method()
+    return context.get_start_method()
 
 
 def _torch_workers(loader: DataLoader) -> Iterator[dict[str, Any]]:
@@ -129,13 +141,16 @@ class StreamingDataLoader:
     `audit=DIR` appends the global sample positions each batch holds, as it is yielded, to
     `DIR/audit-rank-R.jsonl` (default: the dataset's own `audit`); `dataflow audit DIR` checks that
     every sample of each epoch was served once across ranks and resumes (`dataflow/audit/`).
+    A wait of `watchdog_s` seconds for one batch (default `$DATAFLOW_WATCHDOG_S`, else 300; 0: never)
+    logs a warning saying what each worker is doing: its state, CPU and bytes read since, the shard
+    files it holds open, its Python stack and stage (`watchdog.py`); again every `watchdog_s` it lasts.
     """
 
     def __init__(self, dataset: SampleSource, batch_size: int = 1, num_workers: int = 0,
                  drop_last: bool = True, pin_memory: bool = False, persistent_workers: bool = False,
                  prefetch_factor: int | None = None, timeout: float = 0, multiprocessing_context: Any = None,
                  cycle: bool = False, held_batches: int = 4, stage_hook: Hook = None,
-                 audit: str | os.PathLike | None = None):
+                 audit: str | os.PathLike | None = None, watchdog_s: float | None = None):
         if not isinstance(dataset, SampleSource):
             raise ConfigError(f"StreamingDataLoader takes a StreamingDataset, got {type(dataset).__name__} (or any "
                               f"dataflow.loading.contract.SampleSource)")
@@ -161,6 +176,10 @@ class StreamingDataLoader:
             folder, dataset.cursor.state().to_dict(), (*dataset.rank_world(), self.num_workers),
             batch_size=self.batch_size, drop_last=self.drop_last, source=type(self).__name__)
         self._via = "start"  # how the next walk got to its position (the audit's record of resumes)
+        after = env.number("DATAFLOW_WATCHDOG_S", 300.0) if watchdog_s is None else float(watchdog_s)
+        rank, world = dataset.rank_world()
+        self._watchdog = Watchdog(after, f"StreamingDataLoader({dataset.describe()}, rank {rank} of {world})",
+                                  lambda: self._pool.pids() if self._pool is not None else []) if after > 0 else None
 
     def __len__(self) -> int:
         """Batches of one epoch for this rank (the same on every rank)."""
@@ -195,8 +214,9 @@ class StreamingDataLoader:
             source = self._source(plan)
             audit, via, self._via = self._audit, self._via, None
             audited = audit.walk(plan, via) if audit is not None else 0
+            batches = source if self._watchdog is None else self._watchdog.watch(source, partial(self._awaited, plan))
             try:
-                for batch in cursor.follow(plan, source, walk):  # records each batch before it is yielded
+                for batch in cursor.follow(plan, batches, walk):  # records each batch before it is yielded
                     self._batches += 1
                     if audit is not None:
                         audit.step()
@@ -210,15 +230,21 @@ class StreamingDataLoader:
                     self.close()  # a failed or killed pool is not reused: the next iter() starts afresh
                 raise
             finally:
-                close = getattr(source, "close", None)
-                if close is not None:
-                    close()
+                for it in {id(batches): batches, id(source): source}.values():  # the watch first, then its source
+                    close = getattr(it, "close", None)
+                    if close is not None:
+                        close()
                 if audit is not None:
                     audit.end_walk(audited)
             if not self.cycle:
                 break
         if self._newest(walk) and not self.persistent_workers:
             self.close()
+
+    def _awaited(self, plan: BatchPlan, b: int) -> str:
+        """The watchdog's name for batch b of `plan` (and the worker that builds it)."""
+        who = f", built by worker {b % self.num_workers}" if self.num_workers and self.dataset.seq_len else ""
+        return f"batch {b} of {plan.num_batches} of epoch {plan.epoch}{who}"
 
     def _newest(self, walk: int) -> bool:
         """Whether `walk` is the source's newest walk (a stale iterator leaves the pool alone)."""
@@ -241,6 +267,8 @@ class StreamingDataLoader:
             if died is not None:
                 raise died
         if self._pool is None:
+            if self._watchdog is not None and _start_method(self.context) == "fork":
+                self._watchdog.prepare_fork()  # the workers inherit the stack dump the watchdog asks for
             self._pool = WorkerPool(ds, ds.batch_layout(self.batch_size), self.num_workers, self.prefetch_factor,
                                     self.held_batches, self.context, pin=self.pin_memory, timeout=self.timeout,
                                     hook=self.stage_hook)
@@ -303,6 +331,8 @@ class StreamingDataLoader:
         audit's records are written, with a clean stop at the current position."""
         if self._audit is not None:
             self._audit.close()
+        if self._watchdog is not None:
+            self._watchdog.stop()
         if self._pool is not None:
             for w, d in enumerate(self._pool.stage_by_worker):
                 add_seconds(self._stages_by_worker.setdefault(w, {}), d)
