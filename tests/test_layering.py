@@ -49,7 +49,7 @@ LOADING_LAYERS = [
     ("reader",),  # per-process open shards
     ("index", "shards"),
     ("storage",),
-    ("decoded", "download"),
+    ("decoded", "download", "holds", "ahead"),  # holds: entries in use; ahead: fetch-ahead in the order of need
     ("cache",),
     ("mixing", "shuffle", "stages"),
     ("contract",),  # the doors: BatchSource, SampleSource, FillReport
@@ -180,7 +180,7 @@ def test_the_preprocess_guard_catches_an_upward_import_wherever_the_readers_live
 TOKENIZER_LAYERS = [
     ("load",),  # load_tokenizer, tokenizer_for_dataset, TiktokenTokenizer: the package's door
     ("hf_tokenizer",),  # a tokenizer.json: its chosen engine alone encodes
-    ("choose", "base"),  # the engine choice; the Tokenizer interface and the bytes tokenizer
+    ("choose", "base", "tiktoken_names"),  # the engine choice; the Tokenizer interface, bytes; tiktoken:NAME
     ("gigatoken_engine", "tiktoken_files", "hf_reference"),  # the fast engines; .tiktoken files; the reference
     ("tiktoken_engine",),
     ("bpe_convert", "flat"),  # tokenizer.json to merges and ranks; flat (values, offsets) id arrays

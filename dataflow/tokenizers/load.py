@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import TokenizerMeta
-from dataflow.tokenizers import tiktoken_files
+from dataflow.tokenizers import tiktoken_files, tiktoken_names
 from dataflow.tokenizers.base import ByteTokenizer, Tokenizer
 from dataflow.tokenizers.choose import ENGINES, FAST_ENGINES, SAMPLE_CHARS
 from dataflow.tokenizers.flat import Flat
@@ -62,8 +62,8 @@ class TiktokenTokenizer(Tokenizer):
 
 def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample: Sequence[str] = (),
                    decode_only: bool = False) -> Tokenizer:
-    """`bytes`, a path/URL to a `tokenizer.json`, or `tiktoken:PATH` (with a split pattern: see
-    tiktoken_files.tiktoken_spec).
+    """`bytes`, a path/URL to a `tokenizer.json`, `tiktoken:PATH` (with a split pattern: see
+    tiktoken_files.tiktoken_spec) or `tiktoken:NAME`, an OpenAI encoding from tiktoken's cache (tiktoken_names.py).
 
     `engine` ("auto", "hf", "gigatoken", "tiktoken") picks what encodes a `tokenizer.json`; see HFTokenizer.
     `threads` is the number of engine threads per encode_batch call (one per worker process by default).
@@ -85,7 +85,13 @@ def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample:
     source = spec[len("tiktoken:"):] if kind == "tiktoken" else spec
     if kind == "tiktoken" and engine == "hf":
         raise ConfigError(f"{source}: a .tiktoken file runs only on tiktoken; --engine hf needs a tokenizer.json")
-    data = _read_tokenizer_file(spec, source)
+    if kind == "tiktoken" and tiktoken_names.is_name(source):
+        source, data = tiktoken_names.named_file(source)  # the file in tiktoken's cache
+    elif kind == "tiktoken" and not any(c in source for c in "/\\.") and not os.path.exists(source):
+        raise ConfigError(f"--tokenizer {spec}: no such file, and not one of tiktoken's encodings "
+                          f"({', '.join(tiktoken_names.NAMES)}); pass tiktoken:NAME or tiktoken:PATH")
+    else:
+        data = _read_tokenizer_file(spec, source)
     if kind == "tiktoken":
         return TiktokenTokenizer(source, data, threads=threads, pattern=pattern, decode_only=decode_only)
     return HFTokenizer(source, data, engine=engine, threads=threads, sample=sample)

@@ -185,7 +185,7 @@ def _published() -> dict[str, str]:
         log.warning("%s is not laid out as expected: OpenAI's .tiktoken files are not recognised (pass "
                     "--tiktoken-pattern for them)", openai_public.__file__)
         return {LLAMA3_SHA256: LLAMA3}
-    return {_registry(name, None): name for name in OPENAI_ENCODINGS} | {LLAMA3_SHA256: LLAMA3}
+    return {registry_file(name)[1]: name for name in OPENAI_ENCODINGS} | {LLAMA3_SHA256: LLAMA3}
 
 
 def known_files() -> dict[str, str]:
@@ -194,12 +194,19 @@ def known_files() -> dict[str, str]:
 
 
 class _Hash(Exception):
-    """The hash a registry constructor expects its file to have (raised where it would download the file)."""
+    """The file a registry constructor reads and the hash it expects it to have (raised where it would download
+    the file)."""
+
+
+def registry_file(name: str) -> tuple[str, str]:
+    """(URL, sha256) of the file tiktoken's registry reads for the OpenAI encoding `name`; nothing is read."""
+    blobpath, expected_hash = _registry(name, None)
+    return blobpath, expected_hash
 
 
 def _registry(name: str, ranks: dict[bytes, int] | None) -> Any:
-    """What tiktoken's registry constructor for the OpenAI encoding `name` gives: its file's expected sha256
-    (`ranks` None), or the encoding's dict with `ranks` as its file. The constructor runs as tiktoken wrote it,
+    """What tiktoken's registry constructor for the OpenAI encoding `name` gives: its file's URL and expected
+    sha256 (`ranks` None), or the encoding's dict with `ranks` as its file. The constructor runs as tiktoken wrote it,
     with its loader replaced so that nothing is downloaded, under the registry's own lock (held by
     `tiktoken.get_encoding` while it runs a constructor: no other thread meets the replaced loader)."""
     import tiktoken.registry
@@ -208,7 +215,7 @@ def _registry(name: str, ranks: dict[bytes, int] | None) -> Any:
 
     def load(blobpath: str, expected_hash: str | None = None) -> dict[bytes, int]:
         if ranks is None:
-            raise _Hash(expected_hash)
+            raise _Hash(blobpath, expected_hash)
         return ranks
 
     with getattr(tiktoken.registry, "_lock", None) or _REGISTRY_LOCK:
@@ -216,7 +223,7 @@ def _registry(name: str, ranks: dict[bytes, int] | None) -> Any:
         try:
             return openai_public.ENCODING_CONSTRUCTORS[name]()
         except _Hash as e:
-            return e.args[0]
+            return e.args
         finally:
             openai_public.load_tiktoken_bpe = load_tiktoken_bpe
 
