@@ -4,7 +4,8 @@ tiktoken splits text with one regex, then merges the adjacent parts whose concat
 lowest rank, and uses the rank as the token id. A Hugging Face byte-level BPE splits with its
 pre-tokenizer, maps every byte to a printable character (GPT-2's byte-to-unicode table) and applies
 its merge list in order. The two agree when the pre-tokenizer is one regex, nothing rewrites the text
-first, and merge order is rank order. `convert` checks the structure and says why it cannot convert;
+first but NFC (which the engine applies itself, as it matches the added tokens that are not special), and merge
+order is rank order. `convert` checks the structure and says why it cannot convert;
 `first_mismatch` compares the engines id for id on the probe text and on a sample of real input.
 """
 
