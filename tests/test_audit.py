@@ -223,3 +223,32 @@ def test_a_dataset_under_torch_dataloader_workers_records_a_file_per_worker(kjv_
     report = audit_folder(str(tmp_path))
     assert report["clean"] and served == report["samples"] == ds.num_samples
     assert report["files"] == ["audit-rank-0-worker-0.jsonl", "audit-rank-0-worker-1.jsonl"]
+
+
+def _read_ahead_run(data, audit, deferred):
+    """A downstream that holds 3 batches ahead of its user (as DevicePrefetcher does): the user takes 5, the
+    checkpoint is the state after the user's fifth batch, then both stop; the resume goes on from there."""
+    group = loaders(data, audit, 2)
+    told = [loader.audit_on_yield() if deferred else None for loader in group]
+    iterators = [iter(loader) for loader in group]
+    states = []
+    for step in range(8):  # pulled from the loaders: 3 of them never reach the user
+        [next(it) for it in iterators]
+        states.append(group[0].state_dict())
+        if step >= 3:  # the user takes the batch pulled 3 steps ago
+            for yielded in told:
+                if yielded is not None:
+                    yielded()
+    for loader in group:
+        loader.close()
+    user_state = states[4]  # after the user's fifth batch
+    serve(loaders(data, audit, 2, user_state))
+    return audit_folder(str(audit))
+
+
+def test_batches_a_downstream_read_ahead_are_served_when_it_yields_them(kjv_data, tmp_path):
+    report = _read_ahead_run(kjv_data, tmp_path / "told", deferred=True)
+    assert report["clean"], report["findings"]
+    report = _read_ahead_run(kjv_data, tmp_path / "untold", deferred=False)  # the loader's own yield counts
+    (finding,) = report["findings"]
+    assert (finding["kind"], finding["start"], finding["stop"]) == ("duplicate", 40, 64)

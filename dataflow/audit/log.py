@@ -29,6 +29,7 @@ import socket
 import time
 import uuid
 import weakref
+from collections import deque
 from typing import Any, Iterator, TypeVar
 
 from dataflow.errors import ConfigError
@@ -72,12 +73,14 @@ class AuditLog:
         self._lines: list[str] = []
         self._walks = 0
         self._walk: dict[str, Any] | None = None  # the walk being served
-        self._run: list[int] | None = None  # [first step, last step] not yet written
+        self._run: list[Any] | None = None  # [walk, first step, last step] recorded, not yet written
         self._last_t = 0.0
         self._flushed = time.monotonic()
         self._failed = False
         self._ended = False  # an `end` is the last record: nothing was served since
-        self._position = (state["epoch"], state["consumed"])
+        self._position = (state["epoch"], state["consumed"])  # after the last step recorded
+        self._loader_at = self._position  # where the loader's last walk stood (it may be ahead of the user)
+        self._deferred: deque | None = None  # steps handed to a downstream, not yet yielded to the user
         self._open()
         self._lines.append(self._json(dict(self.header, t=time.time())))
         _LIVE.add(self)
@@ -96,13 +99,16 @@ class AuditLog:
         """Start serving `plan` (a `BatchPlan`) and return the walk's number; its steps are the batches
         first_step, first_step + step_every, ... `via`: how the loader got to the plan's position (None: by
         serving, or by a jump it did not see, told apart by where the last walk stood)."""
-        self._end_run()
+        if self._walk is not None:
+            self._loader_at = _walk_end(self._walk, self.worker)
         self._ended = False
         if via is None:
-            via = "continue" if (plan.epoch, plan.consumed) == self._position else "jump"
+            via = "continue" if (plan.epoch, plan.consumed) == self._loader_at else "jump"
         self._walks += 1
         self._walk = {"plan": plan, "n": self._walks, "first": first_step, "every": step_every, "served": 0}
-        self._position = (plan.epoch, plan.consumed)
+        if self._deferred is None or not self._deferred:
+            self._end_run()
+            self._position = (plan.epoch, plan.consumed)
         self._lines.append(self._json({"kind": "walk", "session": self.header["session"], "walk": self._walks,
                                        "t": time.time(), "epoch": plan.epoch, "consumed": plan.consumed,
                                        "via": via, "state": self._state(plan.epoch, plan.consumed),
@@ -110,14 +116,38 @@ class AuditLog:
         return self._walks
 
     def step(self) -> None:
-        """The walk's next batch is being handed to the user."""
+        """The walk's next batch is being handed on: to the user (recorded now), or to a downstream that
+        reads ahead after `defer()` (recorded when it calls `yielded()`)."""
         w = self._walk
         k = w["served"]
         w["served"] = k + 1
-        if self._run is None:
-            self._run = [k, k]
+        if self._deferred is not None:
+            self._deferred.append((w, k))
         else:
-            self._run[1] = k
+            self._record(w, k)
+
+    def defer(self) -> None:
+        """From now on a step is recorded at `yielded()`, called as the downstream yields it to the user."""
+        if self._deferred is None:
+            self._deferred = deque()
+
+    def yielded(self) -> None:
+        """The oldest batch handed to the downstream reached the user."""
+        if self._deferred:
+            self._record(*self._deferred.popleft())
+
+    def drop_pending(self) -> None:
+        """Batches handed on but never yielded to the user (dropped read-ahead: a resume) are not served."""
+        if self._deferred:
+            self._deferred.clear()
+
+    def _record(self, w: dict[str, Any], k: int) -> None:
+        run = self._run
+        if run is not None and run[0] is w and run[2] == k - 1:
+            run[2] = k
+        else:
+            self._end_run()
+            self._run = [w, k, k]
         self._last_t = time.time()
         if time.monotonic() - self._flushed >= FLUSH_S:
             self.flush()
@@ -135,13 +165,15 @@ class AuditLog:
         """Walk number `walk` stopped (its epoch's end, a break, an error): its run is written now."""
         if self._walk is None or self._walk["n"] != walk:
             return
-        self._end_run()
+        self._loader_at = _walk_end(self._walk, self.worker)
         self._walk = None
-        self.flush()
+        if not self._deferred:
+            self._end_run()
+            self.flush()
 
     def flush(self) -> None:
         """Write what is held (one append); never raises."""
-        self._end_run(keep_walk=True)
+        self._end_run()
         self._flushed = time.monotonic()
         if not self._lines or self._failed:
             return
@@ -157,9 +189,13 @@ class AuditLog:
                         "will report them missing", self.path, e)
 
     def close(self) -> None:
-        """A clean stop: the held records and an `end` record (where this session stood) are written."""
+        """A clean stop: the held records and an `end` record (where this session stood) are written;
+        batches handed to a downstream that never reached the user are not."""
         self._end_run()
+        if self._walk is not None:
+            self._loader_at = _walk_end(self._walk, self.worker)
         self._walk = None
+        self.drop_pending()
         if self._ended:
             return
         self._ended = True
@@ -169,14 +205,14 @@ class AuditLog:
         self.flush()
 
     # --- inside -------------------------------------------------------------------------------------
-    def _end_run(self, keep_walk: bool = False) -> None:
+    def _end_run(self) -> None:
         """Turn the held run of steps into a `steps` line."""
-        w, run = self._walk, self._run
-        if w is None or run is None:
+        if self._run is None:
             return
+        w, k0, k1 = self._run
         self._run = None
         plan, every = w["plan"], w["every"]
-        b0, b1 = w["first"] + run[0] * every, w["first"] + run[1] * every
+        b0, b1 = w["first"] + k0 * every, w["first"] + k1 * every
         first, last = plan.sample_ids(b0), plan.sample_ids(b1)
         stride = plan.world * every if plan.batch_size == 1 else plan.world
         at = plan.consumed_after(b1 + 1)
@@ -218,6 +254,17 @@ class AuditLog:
                 os.close(self._fd)
         except Exception:
             pass
+
+
+def _walk_end(w: dict[str, Any], worker: int | None) -> tuple[int, int]:
+    """Where a walk left the position: after its last step (the next epoch's start after its last batch)."""
+    plan, served = w["plan"], w["served"]
+    if not served:
+        return plan.epoch, plan.consumed
+    b = w["first"] + (served - 1) * w["every"]
+    if b + w["every"] >= plan.num_batches and worker is None:
+        return plan.epoch + 1, 0
+    return plan.epoch, plan.consumed_after(b + 1)
 
 
 def _nothing() -> None:

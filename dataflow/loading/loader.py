@@ -16,7 +16,7 @@ import os
 import time
 from functools import partial
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -362,3 +362,14 @@ class StreamingDataLoader:
         """Resume at a saved position (an unfinished iterator is stale from now on)."""
         self.dataset.cursor.load_state_dict(state)
         self._via = "load_state_dict"
+        if self._audit is not None:
+            self._audit.drop_pending()  # batches read ahead by a downstream were never served
+
+    def audit_on_yield(self) -> Callable[[], None] | None:
+        """For a downstream that reads batches ahead and yields them later (`DevicePrefetcher`): from now on
+        the audit records a batch when the returned callable is called (once per batch, in order, as the
+        downstream yields it to the user), so its read-ahead is never counted as served. None: no audit."""
+        if self._audit is None:
+            return None
+        self._audit.defer()
+        return self._audit.yielded
