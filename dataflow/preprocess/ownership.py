@@ -62,10 +62,12 @@ def written_by_runs_into(out: str) -> Callable[[str], bool]:
     whose output folder is (or lies in) a folder of its inputs so never reads its own output as input; a file
     under those names that no run of ours wrote is refused before any work (`refuse_foreign`). Other files in
     those folders stay inputs."""
-    where = _place(out)
+    where, out_remote = _place(out), remote.is_remote(out)
     folders: dict[str, tuple[str, ...]] = {}  # each input folder's place, found once
 
     def leave_out(path: str) -> bool:
+        if remote.is_remote(path) != out_remote:
+            return False
         parent, _, name = path.rstrip("/").rpartition("/")
         parent = parent or ("/" if path.startswith("/") else ".")
         if parent not in folders:
