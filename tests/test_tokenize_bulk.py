@@ -21,7 +21,8 @@ TRICKY = [
     b'{"id": "a", "text": "plain"}',
     b'{"id": 7, "text": "an integer id", "meta": {"nested": [1, {"x": 2}]}}',
     b'{"text": "no id at all"}',
-    b'',  # blank line: a bad record
+    b'',  # blank line: no record (skipped, not a bad one)
+    b' \t ',  # only whitespace: blank too
     b'{"id": "dup", "text": "first", "text": "second"}',  # duplicate key: json.loads keeps the last
     b'{"text": "a surrogate pair \\ud83d\\ude00 is fine"}',
     b'{"text": "a lone \\ud800 is not"}',
@@ -45,6 +46,8 @@ def expected(lines: list[bytes], name: str) -> tuple[list[dict], list[int]]:
     docs, bad, start = [], [], 0
     for n, raw in enumerate(lines, 1):
         at, start = start, start + len(raw) + 1
+        if not raw.strip():  # a blank line: no record, no bad one
+            continue
         try:
             obj = json.loads(raw)
             text = obj.get("text") if isinstance(obj, dict) else None

@@ -32,7 +32,7 @@ def corpus(seed: int, unit: int) -> bytes:
     for i in range(30):
         kind = rng.random()
         if kind < 0.1:
-            lines.append(b"")  # a bad record ("empty line") that must be counted once too
+            lines.append(b"")  # a blank line: no record, no bad one, but its place counted once too
             continue
         length = int(rng.integers(0, 20) if kind < 0.6 else rng.integers(unit // 2, 2 * unit + 2) if kind < 0.85
                      else rng.integers(2 * unit, 6 * unit + 2))
@@ -49,7 +49,7 @@ def expected(data: bytes) -> list[tuple]:
     out = []
     for raw in lines:
         if not raw:
-            out.append((None, None, "empty line"))
+            out.append((None, None, None))
         else:
             obj = json.loads(raw)
             out.append((obj["text"], obj["id"], None))

@@ -170,7 +170,7 @@ def _write_block(block: Block, k: int, first: int, unit: Unit, tok: Tokenizer, s
     """One block: its bad records to `result.errors`, its documents tokenized into the split writers."""
     n = len(block)
     positions = np.arange(first, first + n, dtype=np.int64) if block.positions is None else block.positions
-    good = np.ones(n, dtype=bool)
+    good = arrays.valid_mask(block.texts)  # no text: a bad record (its error says why) or a blank line (none)
     if block.errors.null_count < n:
         for i in np.flatnonzero(arrays.valid_mask(block.errors)).tolist():
             good[i] = False

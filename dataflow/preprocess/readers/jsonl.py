@@ -1,9 +1,11 @@
 """JSONL inputs (`.jsonl/.json/.ndjson`, plain or compressed): a unit's lines -> blocks, in bulk.
 
 Lines are cut into blocks of whole lines and parsed by pyarrow's JSON reader (C++), reading only the text
-and id fields. A block pyarrow cannot read exactly as `json.loads` would (a bad record, a blank line, a
-lone surrogate, an id that is neither string nor integer, invalid UTF-8) is parsed again line by line
-(`parse_json_line`), so bad records are found, counted and explained exactly as before.
+and id fields. A block pyarrow cannot read exactly as `json.loads` would (a bad record, a null or missing
+text, a lone surrogate, an id that is neither string nor integer, invalid UTF-8) is parsed again line by line
+(`parse_json_line`), so bad records are found, counted and explained exactly as before. A blank line (empty,
+or only whitespace) holds no record, as pyarrow's and `datasets`' JSON readers read it: it keeps its place
+(null text, no error: no document, no bad record), so the lines after it keep their numbers.
 
 An uncompressed file larger than a unit is cut into byte ranges; each line belongs to the unit its first
 byte lies in, so units cut anywhere give every line once. A compressed file is one unit, cut into pieces
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from dataflow.preprocess.readers.records import Unit
 
 LINE_TAIL = 1 << 16  # bytes read past a unit's end at a time, to find where its last line ends
+_JSON_WHITESPACE = np.array([9, 10, 13, 32], dtype=np.uint8)  # what a blank line may hold
 
 
 def spans(file: str, size: int, unit_bytes: int) -> list[Span]:
@@ -86,12 +89,12 @@ def _mapped(path: str) -> Iterator[bytes | mmap.mmap]:
 
 
 def first_fields(url: str) -> list[str] | None:
-    """The fields of the file's first record; None when there is none to name (an empty file, or a first line
-    that is not a JSON object: a bad record, counted later)."""
+    """The fields of the file's first record (blank lines before it hold none); None when there is none to
+    name (an empty file, or a first record that is not a JSON object: a bad record, counted later)."""
     with open_decompressed(url) as f:  # read, not readline: a streamed HTTP file cannot seek back
         line = b""
         while b"\n" not in line and (block := f.read(1 << 16)):
-            line += block
+            line = (line + block).lstrip(b" \t\r\n")
     line = line.split(b"\n", 1)[0]
     try:
         obj = json.loads(line)
@@ -203,14 +206,32 @@ def _pyarrow_jsonl(chunk: bytes | pa.Buffer, text_field: str, id_field: str, lin
             table.validate(full=True)  # the reader does not check that strings are UTF-8
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # try integer ids; then json.loads, line by line
             continue
-        if table.num_rows != lines:  # blank lines, or two objects on one line: json.loads says which
-            return None
         texts = table.column(text_field).combine_chunks()
         if texts.null_count:  # a field missing or null: json.loads tells which, line by line
             return None
         ids = id_column(table.column(id_field).combine_chunks())
+        if table.num_rows != lines:  # blank lines (which pyarrow skips), else two objects on one line
+            at = _records_at(chunk, lines, table.num_rows)
+            if at is None:
+                return None  # json.loads says which line is wrong
+            texts, ids = texts.take(at), ids.take(at)  # a blank line: neither text nor error
         return Block(texts, ids, pa.nulls(len(texts), pa.string()))
     return None
+
+
+def _records_at(chunk: bytes | pa.Buffer, lines: int, records: int) -> pa.Array | None:
+    """Which of the `records` pyarrow read each of the chunk's `lines` is (null for a blank line: empty or
+    only JSON whitespace), when the lines that are not blank are exactly that many; else None."""
+    raw = np.frombuffer(chunk, dtype=np.uint8)
+    ends = np.flatnonzero(raw == 10)
+    starts = np.concatenate([[0], ends + 1])[:lines]
+    stops = np.concatenate([ends, [len(raw)]])[:lines]
+    filled = np.concatenate([[0], np.cumsum(~np.isin(raw, _JSON_WHITESPACE))])
+    held = (filled[stops] - filled[starts]) > 0
+    if int(held.sum()) != records:
+        return None
+    index = np.cumsum(held) - 1
+    return pa.array(index, pa.int64(), mask=~held)
 
 
 def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> Record:
@@ -218,8 +239,9 @@ def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> R
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:
-        reason = "empty line" if not raw.strip() else f"invalid JSON ({e})"
-        return Record(index, None, None, reason)
+        if not raw.strip(b" \t\r\n"):  # a blank line holds no record: skipped, not a bad one
+            return Record(index, None, None)
+        return Record(index, None, None, f"invalid JSON ({e})")
     except RecursionError:
         return Record(index, None, None, "JSON nested too deeply to parse")
     if not isinstance(obj, dict):
