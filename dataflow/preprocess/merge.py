@@ -24,7 +24,7 @@ from dataflow.debug import cause
 from dataflow.errors import ConfigError, DataflowError, FormatError, StorageError
 from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest, write_manifest
-from dataflow.formats.remote_errors import explain
+from dataflow.formats.remote_errors import explain, first_line
 from dataflow.preprocess import output
 
 PART = re.compile(r"part-(\d{5})")
@@ -206,7 +206,7 @@ def _filesystem(out: str) -> tuple[Any, str]:
     try:
         fs, root = fsspec.core.url_to_fs(out, **remote.with_timeouts(out, None))
     except (ImportError, ValueError, TypeError) as e:
-        raise (explain(out, e) or ConfigError(f"{out}: cannot open this URL ({e}); fix it")) from cause(e)
+        raise (explain(out, e) or ConfigError(f"{out}: cannot open this URL ({first_line(e)}); fix it")) from cause(e)
     fs.invalidate_cache()
     return fs, root.rstrip("/") or root
 
