@@ -49,7 +49,7 @@ LOADING_LAYERS = [
     ("reader",),  # per-process open shards
     ("index", "shards"),
     ("storage",),
-    ("decoded", "download"),
+    ("decoded", "download", "holds", "ahead"),  # holds: entries in use; ahead: fetch-ahead in the order of need
     ("cache",),
     ("mixing", "shuffle", "stages"),
     ("contract",),  # the doors: BatchSource, SampleSource, FillReport

@@ -41,6 +41,7 @@ from dataflow.units import parse_size
 _TAG = re.compile(r"[0-9a-f]{16}")
 _ENTRY = re.compile(r"[0-9a-f]{16}-.+")
 _PART = ".part-"
+_ROOM = ".room"  # `Room` claims: <entry>.room-<pid>-<thread>-<bytes>, their lock <entry>.room.dl
 _LOCK_SUFFIXES = (".inuse", ".dl", ".ok")  # lock files, and the stamp of a verified entry
 
 DEFAULT_SHARE = 0.5  # default cache limit: this share of the disk space free or used by the cache
@@ -87,6 +88,79 @@ def remove_partials(entry: str) -> None:
     """Delete `entry`'s partial downloads; only for the holder of its `.dl` lock (no one else writes them)."""
     for path in glob.glob(glob.escape(entry) + _PART + "*"):
         remove(path)
+
+
+def reserve(cache_dir: str, limit: int | None, placeholder: str, size: int) -> bool:
+    """Make room for `size` bytes under `limit` (evicting least recently used entries not in use) and
+    claim it: an empty `placeholder` (a `Room`'s file, its size in its name) that every later `evict` or
+    `reserve` counts at `size` until it is renamed or removed. Under the evictor's lock, so two claims
+    never count the same room. Without room nothing is claimed and False is returned."""
+    if limit is None:
+        return True
+    guard = lock(os.path.join(cache_dir, ".evict.lock"), fcntl.LOCK_EX)
+    try:
+        if _evict_locked(cache_dir, limit, size) > limit:
+            return False
+        os.makedirs(os.path.dirname(placeholder), exist_ok=True)
+        os.close(os.open(placeholder, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
+        return True
+    finally:
+        unlock(guard)
+
+
+class Room:
+    """Bytes claimed ahead for one entry's work (its download, its decode): an empty placeholder
+    `<entry>.room-<pid>-<thread>-<bytes>`, counted like a download in flight and kept from `evict` by an
+    exclusive `<entry>.room.dl` lock while it lives (a claim whose process died is cleared like a partial)."""
+
+    def __init__(self, cache_dir: str, limit: int | None, entry: str):
+        self.cache_dir, self.limit, self.base = cache_dir, limit, entry + _ROOM
+        self.fd: int | None = None
+        self.path: str | None = None
+        self.size = 0
+
+    def _name(self, size: int) -> str:
+        return f"{self.base}-{os.getpid()}-{threading.get_ident()}-{size}"
+
+    def claim(self, size: int) -> bool:
+        """Claim `size` bytes (see `reserve`); False, holding nothing, when they do not fit."""
+        if self.limit is None:
+            return True
+        self.fd = lock(self.base + ".dl", fcntl.LOCK_EX)
+        if not reserve(self.cache_dir, self.limit, self._name(size), size):
+            self.free()
+            return False
+        self.path, self.size = self._name(size), size
+        return True
+
+    def hand_over(self, size: int, part: str | None = None) -> None:
+        """`size` of the claimed bytes go to a part file being written now (a download or a decode, counted
+        there from its name): the claim keeps only the rest, so nothing is counted twice. `part`: made here
+        when its writer opens it only later (a download, after the server's first answer)."""
+        if self.path is None:
+            return
+        if part is not None and not os.path.exists(part):
+            os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
+        self.size -= size
+        if self.size > 0:
+            os.replace(self.path, self._name(self.size))
+            self.path = self._name(self.size)
+        else:
+            remove(self.path)
+            self.path = None
+
+    def free(self) -> None:
+        if self.path is not None:
+            remove(self.path)
+            self.path = None
+        if self.fd is not None:
+            release(self.fd, self.base + ".dl")
+            self.fd = None
+
+
+def drop(entry: str) -> bool:
+    """Delete `entry` now unless some process has it in use (its `.inuse` lock); whether it went."""
+    return _delete_if_free(entry + ".inuse", entry)
 
 
 def complete(entry: str, size: int) -> bool:
@@ -137,18 +211,25 @@ def evict(cache_dir: str, limit: int, incoming: int) -> None:
     `incoming` more bytes fit under `limit`, or nothing more can go."""
     guard = lock(os.path.join(cache_dir, ".evict.lock"), fcntl.LOCK_EX)  # one evictor at a time
     try:
-        entries, partials, total = _scan(cache_dir)
-        total += incoming
-        for size, path in partials:
-            if total > limit and _delete_if_free(path.split(_PART)[0] + ".dl", path):
-                total -= size  # its downloader died (else it would hold `.dl`)
-        for _, size, path in sorted(entries):
-            if total <= limit:
-                break
-            if _delete_if_free(path + ".inuse", path):
-                total -= size
+        _evict_locked(cache_dir, limit, incoming)
     finally:
         unlock(guard)
+
+
+def _evict_locked(cache_dir: str, limit: int, incoming: int) -> int:
+    """`evict` under the evictor's lock; the bytes the cache then holds, `incoming` included."""
+    entries, partials, total = _scan(cache_dir)
+    total += incoming
+    for size, path in partials:
+        owner = path.split(_PART)[0] + ".dl" if _PART in path else path.rsplit(_ROOM + "-", 1)[0] + _ROOM + ".dl"
+        if total > limit and _delete_if_free(owner, path):
+            total -= size  # its downloader died (else it would hold `.dl`)
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        if _delete_if_free(path + ".inuse", path):
+            total -= size
+    return total
 
 
 def usage(cache_dir: str) -> int:
@@ -200,7 +281,7 @@ def _scan(cache_dir: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, s
                 except FileNotFoundError:
                     continue
                 size = st.st_size
-                if _PART in name:
+                if _PART in name or _ROOM + "-" in name:
                     tail = name.rsplit("-", 1)[-1]
                     size = max(size, int(tail)) if tail.isdigit() else size
                     partials.append((size, path))

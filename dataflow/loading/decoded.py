@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from dataflow.debug import cause
 from dataflow.errors import FormatError
-from dataflow.formats.arrow import decode_arrow_shard
+from dataflow.formats.arrow import RECORD_BATCH_TOKENS, decode_arrow_shard
 from dataflow.formats.hashing import sha256_local
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import chain
@@ -40,20 +40,34 @@ def size_bound(shard: ShardInfo, fmt: str) -> int:
     return tar_size_bound(shard, 4) if fmt == "tar" else 2 * shard.tokens * 4 + shard.documents * 64 + (1 << 20)
 
 
+def size_estimate(shard: ShardInfo, fmt: str, itemsize: int) -> int:
+    """About the bytes a decoded copy takes, from the manifest's counts: what the cache's limit counts for it
+    before it exists (tokens; per document its offsets and an id of up to ~48 bytes; per record batch its
+    metadata; the file's schema and footer). Measured: 29-34 bytes a document beyond the tokens for ids of ~20
+    characters, and ~1.5 KB a file."""
+    if fmt == "tar":
+        return tar_size_bound(shard, itemsize)
+    return itemsize * shard.tokens + 56 * shard.documents + 1024 * (shard.tokens // RECORD_BATCH_TOKENS + 1) + 8192
+
+
 def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Callable[[], str],
-                check_source: bool, name: str | None = None) -> float:
+                check_source: bool, name: str | None = None,
+                claim: Callable[[str, int], Any] | None = None) -> float:
     """Make `path` the decoded copy of `shard` unless another process already has; returns the CPU
     seconds this thread spent checking and decoding (0.0 when it found the copy made). `source()` gives
     the compressed file, held by the caller; `check_source` hashes it first (a local file nobody has
     checked against the manifest). A full disk is the OSError (ENOSPC/EDQUOT), never a damaged shard.
-    `name` is the shard as the user knows it (its dataset path or URL), for errors."""
+    `name` is the shard as the user knows it (its dataset path or URL), for errors. `claim(part file, bytes)`
+    makes room in the cache for the copy once the source is here (`cache.reserve`)."""
     fd = cache.lock(path + ".dl", fcntl.LOCK_EX)
     try:
         if os.path.exists(path):
             return 0.0
         cache.remove_partials(path)
         src = source()
-        tmp = cache.part_path(path, size_bound(shard, fmt))
+        tmp = cache.part_path(path, size_estimate(shard, fmt, itemsize))  # counted at its estimate meanwhile
+        if claim is not None:
+            claim(tmp, size_estimate(shard, fmt, itemsize))
         try:
             t0 = time.thread_time()
             if check_source and sha256_local(src)[1] != shard.sha256:

@@ -19,7 +19,8 @@ import torch
 from dataflow.loading import decoded as decoded_mod
 from dataflow.loading.index import CurrentWindows, SampleIndex
 from dataflow.loading.shards import OpenShard
-from dataflow.loading.storage import Storage, fetch_ahead
+from dataflow.errors import ConfigError
+from dataflow.loading.storage import Storage, work_ahead
 
 
 @dataclass
@@ -39,7 +40,9 @@ class ShardReader:
         decoded = [(m.format, np.dtype(m.dtype).itemsize) if decode_once and m.compression == "zstd" else None
                    for m in index.manifests]
         self._decoded = decoded_mod.usable(storages, decoded)  # a read-only cache: decode here
+        self._check_room()
         self._open: dict[int, OpenShard] = {}
+        self._bounds: dict[tuple[int, int], np.ndarray] = {}  # doc boundaries of samples read from a closed shard
         self._current: CurrentWindows = {}  # stream -> (its epoch, window) last read
         self._kept_key: tuple = ()
         self._ahead_key: tuple = ()
@@ -63,17 +66,40 @@ class ShardReader:
                 times.fetch += time.perf_counter() - t0 - waited
         return shard
 
+    def _check_room(self) -> None:
+        """Refuse a cache_limit below what one shuffle window needs in the cache: every shard of a window is in
+        use while it is read, so such a limit could only be passed (or the epoch's order bent to fit it). The
+        need is the `shuffle_window` largest shards of each stream (a window of some epoch holds them)."""
+        w = self.index.shuffle_window
+        for src, storage in enumerate(self.storages):
+            if storage.cache_limit is None or not (storage.remote or self._decoded[src]):
+                continue
+            need = 0
+            for stream in self.index.streams:
+                sizes = [self.storages[s].cache_bytes(info, self._decoded[s]) for s, info in
+                         (self.index.shards[k] for k in stream.tolist())
+                         if self.storages[s].cache_dir == storage.cache_dir and
+                         (self.storages[s].remote or self._decoded[s])]
+                need += sum(sorted(sizes)[-w:])
+            if storage.cache_limit < need:
+                what = "decoded " if any(self._decoded) else ""
+                raise ConfigError(f"{storage.root}: cache_limit {storage.cache_limit / 1e6:.1f} MB is below what one "
+                                  f"shuffle window needs in the cache, {need / 1e6:.1f} MB (its {w} largest {what}"
+                                  f"shards); raise cache_limit (DATAFLOW_CACHE_LIMIT) to at least that, or lower "
+                                  f"shuffle_window")
+
     def advance(self, windows: CurrentWindows) -> None:
-        """These shuffle windows are now current: when one starts, fetch it and the next one ahead, several shards
-        at once, while the batch reads the first it needs."""
+        """These shuffle windows are now current: fetch ahead what they need first (tier 0), then the next
+        windows (tier 1, only with the bandwidth the current ones leave), and let go of anything else queued
+        or held ahead (after a resume or a jump, what was ahead of the old position)."""
         self._current.update(windows)
         key = tuple(sorted(self._current.items()))
         if key == self._ahead_key:
             return
         self._ahead_key = key
-        ahead = [self.index.shards[k] for stream, (epoch, window) in self._current.items()
-                 for w in (window, window + 1) for k in self.index.window_shards(stream, epoch, w)]
-        fetch_ahead(self.storages, ahead, self._decoded)
+        tiers = [[self.index.shards[k] for stream, (epoch, window) in self._current.items()
+                  for k in self.index.window_shards(stream, epoch, window + step)] for step in (0, 1)]
+        work_ahead(self.storages, tiers, self._decoded)
 
     def evict_finished(self) -> None:
         """Close open shards outside each stream's current shuffle window: they are done for this epoch."""
@@ -81,9 +107,7 @@ class ShardReader:
         if key == self._kept_key:
             return
         self._kept_key = key
-        keep = set()
-        for stream, (epoch, window) in self._current.items():
-            keep.update(self.index.window_shards(stream, epoch, window))
+        keep = self._keep()
         for k in [k for k in self._open if k not in keep]:
             self._close_shard(k)
 
@@ -93,7 +117,7 @@ class ShardReader:
             self._close_shard(next(iter(self._open)))
 
     def _close_shard(self, k: int) -> None:
-        del self._open[k]
+        self._open.pop(k, None)
         self.storages[self.index.shards[k][0]].release(self.index.shards[k][1])
 
     def close(self, wait: bool = True) -> None:
@@ -105,9 +129,31 @@ class ShardReader:
 
     # --- reading ------------------------------------------------------------------------------------
     def samples(self, shard_ids: np.ndarray, within: np.ndarray, times: OpenTimes) -> list[np.ndarray]:
-        """The tokens (seq_len + 1 of them) of each of the given samples."""
+        """The tokens (seq_len + 1 of them) of each of the given samples. A batch that crosses into a new
+        shuffle window reads the old window's samples first (they come first); each old shard is let go after
+        its last sample here, before a new one is opened, so the cache never holds two windows in use."""
         L = self.index.seq_len
-        return [self.shard(k, times).token_run(j * L, L + 1) for k, j in zip(shard_ids.tolist(), within.tolist())]
+        ks, js = shard_ids.tolist(), within.tolist()
+        keep = self._keep() if self._current else None  # None: random access (`ds[i]`), see `bound`
+        last = {k: i for i, k in enumerate(ks)}
+        self._bounds = {}
+        out = []
+        for i, (k, j) in enumerate(zip(ks, js)):
+            if keep is not None and k not in self._open:
+                for done in [d for d in self._open if d not in keep and last.get(d, -1) < i]:
+                    self._close_shard(done)  # an old window's shard this batch has finished with
+            shard = self.shard(k, times)
+            out.append(shard.token_run(j * L, L + 1))
+            if keep is not None and k not in keep:  # closed before this batch is packed: keep what `pack` needs of it
+                self._bounds[(k, j)] = shard.doc_boundaries(j * L, L)
+        return out
+
+    def _keep(self) -> set[int]:
+        """Shards of the current shuffle windows."""
+        keep: set[int] = set()
+        for stream, (epoch, window) in self._current.items():
+            keep.update(self.index.window_shards(stream, epoch, window))
+        return keep
 
     def pack(self, samples: list[np.ndarray], shard_ids: np.ndarray, within: np.ndarray,
              out: dict[str, np.ndarray]) -> None:
@@ -120,7 +166,8 @@ class ShardReader:
         positions = out.get("position_ids")
         if positions is not None:
             for i, (k, j) in enumerate(zip(shard_ids.tolist(), within.tolist())):
-                positions[i] = _positions(self.shard(k).doc_boundaries(j * L, L), L)
+                bounds = self._bounds.get((k, j))
+                positions[i] = _positions(self.shard(k).doc_boundaries(j * L, L) if bounds is None else bounds, L)
 
     def documents(self, shard_ids: np.ndarray, within: np.ndarray) -> dict[str, Any]:
         """{"tokens": [LongTensor], "id": [str]} of the given documents."""
@@ -134,7 +181,7 @@ class ShardReader:
                 "decode_cpu_s": sum(s.decode_s for s in self.storages)}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_open": {}, "_kept_key": (), "_ahead_key": ()}  # open shards: per process
+        return {**self.__dict__, "_open": {}, "_kept_key": (), "_ahead_key": (), "_bounds": {}}  # open shards: per process
 
 
 def _positions(boundaries: np.ndarray, length: int) -> np.ndarray:

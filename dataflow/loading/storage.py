@@ -3,13 +3,16 @@
 Remote shards (any fsspec URL: `s3://`, `gs://`, `http(s)://`, ...) are downloaded once per machine into
 `cache_dir` (see `cache.py` for the locking and LRU eviction that let processes share it), retried with
 backoff on transient errors, checked against the manifest's sha256 and renamed into place, so no
-reader ever sees a partial or wrong file. `fetch_ahead` downloads ahead in background threads.
+reader ever sees a partial or wrong file. `fetch_ahead`/`work_ahead` download (and decode) ahead in
+background threads, in the order of need (`ahead.py`), each claiming its room in the cache first; what is
+in use is held (`holds.py`). A remote zstd shard's compressed copy leaves the cache once decoded.
 """
 
 from __future__ import annotations
 
 import atexit
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -17,7 +20,6 @@ import posixpath
 import shutil
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import fsspec
@@ -29,19 +31,19 @@ from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
 from dataflow.loading import cache, decoded
+from dataflow.loading.ahead import FetchAhead, Run
+from dataflow.loading.cache import lock, release
+from dataflow.loading.holds import Holds
 from dataflow.loading.cache import DISK_FULL
-from dataflow.loading.download import download_verified
+from dataflow.loading.download import cache_full, checked_again, download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
-from dataflow.loading.cache import lock, release, unlock
 
-__all__ = ["Storage", "StorageError", "default_cache_dir", "fetch_ahead"]
+__all__ = ["Storage", "StorageError", "default_cache_dir", "fetch_ahead", "work_ahead"]
 log = logging.getLogger(__name__)
 
 RETRIES = remote.RETRIES  # attempts per download
 FETCH_AHEAD_WORKERS = 4  # concurrent background downloads per process
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
-
-
 
 
 class Storage:
@@ -85,9 +87,9 @@ class Storage:
         self.decode_hits = 0  # decoded copies this process found already there
         self.decode_s = 0.0  # seconds this process spent decoding
         self._mu = threading.Lock()
-        self._held: dict[str, list[int]] = {}  # entry -> [fd holding LOCK_SH on .inuse, refcount, bytes]
-        self._pending: set[str] = set()  # entries queued or running in the fetch-ahead pool
-        self._pool: ThreadPoolExecutor | None = None
+        self._holds = Holds(on_release=self._wake)  # the entries in use here (reading, or fetched ahead)
+        self._ahead = FetchAhead(self.fetch_ahead_workers, "dataflow-fetch-ahead")
+        self._calls = 0  # work_ahead calls: the order of need between them
         self._fs: Any = None
         self._fs_pid = -1
         _LIVE.add(self)
@@ -127,11 +129,7 @@ class Storage:
     def local_path(self, shard: ShardInfo) -> str:
         """Blocking: a complete, verified local file of the shard. Remote shards stay in use (never
         evicted) until a matching `release(shard)`; local ones are returned in place."""
-        if not self.remote:
-            return self.in_place(shard)
-        path = self._entry(shard)
-        return self._hold(path, shard.bytes, lambda: cache.verified(path, shard.bytes),
-                          lambda: self._fetch(shard, path, wait=True))
+        return self._local(shard)
 
     def in_place(self, shard: ShardInfo) -> str:
         """A local dataset's shard file, or a one-line `FormatError` when the manifest lists it and it is missing."""
@@ -144,59 +142,67 @@ class Storage:
     def decoded_path(self, shard: ShardInfo, fmt: str = "arrow", itemsize: int = 2) -> str:
         """Blocking: an uncompressed copy of a zstd shard (`fmt`: arrow or tar) in the shared cache, decoded
         once per machine (the first reader decodes under a lock, the others wait and then map it), held
-        until `release`."""
+        until `release`. A remote shard's compressed copy leaves the cache once its decoded copy is made."""
         path = self._entry(shard) + decoded.suffix(fmt)
         decoded_here = [False]
 
         def decode() -> None:
             decoded_here[0] = self._decode(shard, path, fmt, itemsize)
 
-        out = self._hold(path, 2 * shard.tokens, lambda: os.path.exists(path), decode)
+        self._holds.hold(path, self.cache_bytes(shard, (fmt, itemsize)), lambda: os.path.exists(path), decode)
         if not decoded_here[0]:  # found made, by another process or thread (perhaps while waiting for it)
             with self._mu:
                 self.decode_hits += 1
-        return out
+        return path
+
+    def cache_bytes(self, shard: ShardInfo, decode: tuple[str, int] | None) -> int:
+        """The bytes the shard takes in the cache once ready: its decoded copy (estimated from the manifest's
+        counts) when `decode`, else the shard itself."""
+        return decoded.size_estimate(shard, *decode) if decode else shard.bytes
 
     def release(self, shard: ShardInfo, decoded_copy: bool = True) -> None:
-        """The reader is done with the shard: once every `local_path`/`decoded_path` is released, it may be
-        evicted."""
-        self._release_entry(self._entry(shard))
-        if decoded_copy:
-            for fmt in decoded.FORMATS:
-                self._release_entry(self._entry(shard) + decoded.suffix(fmt))
+        """The reader is done with the shard: once every `local_path`/`decoded_path` is released (and the
+        fetch-ahead's hold, which this drops too), it may be evicted."""
+        paths = [self._entry(shard)] + ([self._entry(shard) + decoded.suffix(f) for f in decoded.FORMATS]
+                                        if decoded_copy else [])
+        for path in paths:
+            self._holds.release(path, ahead_too=True)
 
-    def fetch_ahead(self, shards: list[ShardInfo], decode: tuple[str, int] | None = None) -> None:
+    def fetch_ahead(self, shards: list[ShardInfo], decode: tuple[str, int] | None = None, tier: int = 0) -> None:
         """Start downloading these shards (`decode=(format, token itemsize)`: and decoding them, see
-        `decoded_path`) in background threads and return at once.
+        `decoded_path`) in background threads, in this order (`ahead.py`), and return at once.
 
-        Ready or already queued shards are skipped; with a cache_limit, shards are taken in order only
-        while they fit beside the shards in use, so work ahead never evicts what is about to be read.
-        Failures are logged, not raised: `local_path`/`decoded_path` retry and report them.
+        With a cache_limit, each shard first claims its room: shards are taken in order only while they fit
+        beside what is held, so work ahead never evicts what is about to be read (the queue waits for a
+        release instead). Failures are logged, not raised: `local_path`/`decoded_path` retry and report them.
         """
-        if not (self.remote or decode):
+        self._queue_ahead([shards], decode, pin=False, first_tier=tier)
+
+    def work_ahead(self, tiers: list[list[ShardInfo]], decode: tuple[str, int] | None = None) -> None:
+        """What the reader needs next, in the order of need, by tier (0: the current shuffle windows, 1: the
+        next ones): queued as `fetch_ahead`, and each shard fetched is held (never evicted) until `release(shard)`,
+        a later call leaves it out, or `close`; queued tasks and held shards that no tier names are let go."""
+        keys = self._queue_ahead(tiers, decode, pin=True)
+        if keys is None:
             return
+        self._ahead.keep_only(keys)
+        self._holds.keep_ahead(keys)
+
+    def _queue_ahead(self, tiers: list[list[ShardInfo]], decode: tuple[str, int] | None, pin: bool,
+                     first_tier: int = 0) -> set[str] | None:
+        if not (self.remote or decode):
+            return None
         with self._mu:
-            budget = None if self.cache_limit is None else \
-                self.cache_limit - sum(h[2] for h in self._held.values())
-        for shard in shards:
-            path = self._entry(shard) + (decoded.suffix(decode[0]) if decode else "")
-            with self._mu:
-                if path in self._held:
-                    continue
-                if budget is not None:
-                    budget -= 2 * shard.tokens if decode else shard.bytes
-                    if budget < 0:
-                        return
-                ready = os.path.exists(path) if decode else cache.verified(path, shard.bytes)
-                if path in self._pending or ready:
-                    continue
-                self._pending.add(path)
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.fetch_ahead_workers, thread_name_prefix="dataflow-fetch-ahead")
-                if decode:
-                    self._pool.submit(self._decode_ahead, shard, path, *decode)
-                else:
-                    self._pool.submit(self._fetch_ahead_one, shard, path)
+            self._calls += 1
+            call = self._calls
+        keys: set[str] = set()
+        for t, shards in enumerate(tiers):
+            for i, shard in enumerate(shards):
+                path = self._entry(shard) + (decoded.suffix(decode[0]) if decode else "")
+                keys.add(path)
+                self._ahead.submit(path, (first_tier + t, call, i),
+                                   functools.partial(self._claim_ahead, shard, path, decode, pin))
+        return keys
 
     def cache_problem(self) -> OSError | None:
         """Why this dataset's cache folder cannot be written (None when it can): read-only, no permission,
@@ -206,15 +212,22 @@ class Storage:
     def close(self, wait: bool = True) -> None:
         """Stop background downloads (waiting for those running unless `wait=False`: a process about to
         exit) and release every shard held."""
-        with self._mu:
-            pool, self._pool = self._pool, None
-            held, self._held = list(self._held.items()), {}
-        if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=True)
-        with self._mu:
-            self._pending.clear()  # cancelled ones never ran
-        for path, (fd, _, _) in held:
-            release(fd, path + ".inuse")
+        ahead, self._ahead = self._ahead, FetchAhead(self.fetch_ahead_workers, "dataflow-fetch-ahead")
+        ahead.close(wait)
+        self._holds.close()
+
+    def _wake(self) -> None:
+        self._ahead.wake()
+
+    @property
+    def _pool(self) -> Any:
+        """The fetch-ahead's thread pool (None when it has none)."""
+        return self._ahead._pool
+
+    @property
+    def _held(self) -> dict[str, list[int]]:
+        """The entries held here (for the tests of teardown)."""
+        return self._holds._held
 
     # --- internals --------------------------------------------------------------------------------
     def _entry(self, shard: ShardInfo) -> str:
@@ -222,39 +235,61 @@ class Storage:
         return os.path.join(self.cache_root, *[p for p in folder.split("/") if p],
                             f"{shard.sha256[:16].lower()}-{name}")
 
-    def _hold(self, path: str, size: int, ready: Callable[[], bool], make: Callable[[], None]) -> str:
-        """Hold cache entry `path` in use (a shared `.inuse` lock: never evicted meanwhile), making it
-        first when it is not `ready()`; a matching release per call."""
-        with self._mu:
-            held = self._held.get(path)
-            if held is not None:
-                held[1] += 1
-        if held is not None:
-            cache.touch(path)
-            return path
-        fd = lock(path + ".inuse", fcntl.LOCK_SH)  # taken before the check: no eviction after it
-        try:
-            if not ready():
-                make()
-            cache.touch(path)
-        except BaseException:
-            release(fd, path + ".inuse")
-            raise
-        with self._mu:
-            held = self._held.setdefault(path, [fd, 0, size])
-            held[1] += 1
-        if held[0] != fd:  # another thread of this process got it meanwhile; its lock suffices
-            unlock(fd)
+    def _local(self, shard: ShardInfo, room: cache.Room | None = None) -> str:
+        """`local_path`; `room`: the fetch-ahead's claim, which the download takes its room from."""
+        if not self.remote:
+            return self.in_place(shard)
+        path = self._entry(shard)
+        self._holds.hold(path, shard.bytes, lambda: cache.verified(path, shard.bytes),
+                         lambda: self._fetch(shard, path, wait=True, room=room))
         return path
 
-    def _decode(self, shard: ShardInfo, path: str, fmt: str, itemsize: int) -> bool:
-        """Decode the shard into `path` unless someone else just did; whether this call decoded it."""
+    def _claim_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None, pin: bool) -> Run | None:
+        """A fetch-ahead task's first step (in queue order): claim the room its download and decode need,
+        or None when that does not fit beside what is held; then the work, which holds the shard after."""
+        if self._holds.held_ahead(path):
+            return lambda: None
+        ready = os.path.exists(path) if decode else cache.verified(path, shard.bytes)
+        room = cache.Room(self.cache_dir, self.cache_limit, path)
+        if not ready:
+            size = self.cache_bytes(shard, decode)
+            if decode and self.remote and not cache.verified(self._entry(shard), shard.bytes):
+                size += shard.bytes  # the compressed copy too, until its decoded copy replaces it
+            if not room.claim(size):
+                return None
+        return functools.partial(self._hold_ahead, shard, path, decode, room, pin)
+
+    def _hold_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None, room: cache.Room,
+                    pin: bool) -> None:
+        """Make the shard ready (its room claimed), and hold it for the reader when `pin`."""
+        try:
+            if decode:
+                make = functools.partial(self._decode, shard, path, *decode, room=room)
+                ready: Callable[[], bool] = functools.partial(os.path.exists, path)
+            else:
+                make = functools.partial(self._fetch, shard, path, wait=False, room=room)
+                ready = functools.partial(cache.verified, path, shard.bytes)
+            if self._holds.hold(path, self.cache_bytes(shard, decode), ready, make, ahead=True) and not pin:
+                self._holds.release_ahead(path)
+        finally:
+            room.free()
+
+    def _decode(self, shard: ShardInfo, path: str, fmt: str, itemsize: int, room: cache.Room | None = None) -> bool:
+        """Decode the shard into `path` unless someone else just did; whether this call decoded it. `room`:
+        the fetch-ahead's claim, kept for the decoded copy once the compressed one is here."""
         if self.cache_limit is None and not self.remote and self._limit_arg is None:
             self.cache_limit = cache.resolve_limit(None, self.cache_dir)  # a local dataset's first use of the cache
-        self._make_room(decoded.size_bound(shard, fmt))
+
+        def claim(tmp: str, size: int) -> None:
+            if room is None:
+                self._make_room(size)
+            else:
+                room.hand_over(size)
+
         try:
-            seconds = decoded.decode_into(path, shard, fmt, itemsize, lambda: self.local_path(shard),
-                                          check_source=not self.remote, name=self.url(shard))
+            seconds = decoded.decode_into(path, shard, fmt, itemsize, functools.partial(self._local, shard, room),
+                                          check_source=not self.remote,
+                                          name=self.url(shard), claim=claim)
         except OSError as e:
             if e.errno in DISK_FULL:
                 raise self._full(shard, e, needed=decoded.size_bound(shard, fmt), doing="decoding") from cause(e)
@@ -262,22 +297,13 @@ class Storage:
         finally:
             if self.remote:
                 self.release(shard, decoded_copy=False)  # the compressed copy may go: the decoded one serves
+                if os.path.exists(path):
+                    cache.drop(self._entry(shard))  # one copy in the cache (unless a reader still has it open)
         if seconds:
             with self._mu:
                 self.decodes += 1
                 self.decode_s += seconds
         return bool(seconds)
-
-    def _release_entry(self, path: str) -> None:
-        with self._mu:
-            held = self._held.get(path)
-            if held is None:
-                return
-            held[1] -= 1
-            if held[1] > 0:
-                return
-            del self._held[path]
-        release(held[0], path + ".inuse")
 
     def _filesystem(self) -> tuple[Any, str]:
         if self._fs is None or self._fs_pid != os.getpid():
@@ -290,58 +316,26 @@ class Storage:
             self._fs_pid = os.getpid()
         return self._fs, self._rroot
 
-    def _fetch_ahead_one(self, shard: ShardInfo, path: str) -> None:
-        try:
-            fd = lock(path + ".inuse", fcntl.LOCK_SH)  # not evictable while it downloads
-            try:
-                if not cache.verified(path, shard.bytes):
-                    self._fetch(shard, path, wait=False)
-                if cache.verified(path, shard.bytes):
-                    cache.touch(path)
-            finally:
-                release(fd, path + ".inuse")
-        except Exception as e:
-            log.warning("download-ahead of %s failed (%s); it is retried when read", self.url(shard), e)
-        finally:
-            with self._mu:
-                self._pending.discard(path)
-
-    def _decode_ahead(self, shard: ShardInfo, path: str, fmt: str, itemsize: int) -> None:
-        try:
-            self.decoded_path(shard, fmt, itemsize)
-            self.release(shard)
-        except Exception as e:
-            log.warning("decode-ahead of %s failed (%s); it is retried when read", self.url(shard), e)
-        finally:
-            with self._mu:
-                self._pending.discard(path)
-
-    def _fetch(self, shard: ShardInfo, path: str, wait: bool) -> None:
+    def _fetch(self, shard: ShardInfo, path: str, wait: bool, room: cache.Room | None = None) -> None:
         """Download under the shard's `.dl` lock unless another holder completed it; `wait=False`
-        leaves a shard that another process or thread is downloading to that one."""
+        leaves a shard that another process or thread is downloading to that one. The download claims its
+        room first (evicting what is not in use), or takes it from the fetch-ahead's `room`."""
         fd = lock(path + ".dl", fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         if fd is None:
             return
         try:
-            if cache.complete(path, shard.bytes) and (cache.stamped(path) or self._checked_again(shard, path)):
+            if cache.complete(path, shard.bytes) and (cache.stamped(path) or checked_again(shard, path, self.url(shard))):
                 return
             cache.remove(path)  # not the verified download: whatever it is, it is not served
             cache.remove_partials(path)  # left by a downloader that died: we hold `.dl` now
-            self._make_room(shard.bytes)
             self._check_space(shard)
+            if room is None:
+                self._make_room(shard.bytes)
+            else:  # the download's own part file, counted at its size from now
+                room.hand_over(shard.bytes, cache.part_path(path, shard.bytes))
             self._download(shard, path)
         finally:
             release(fd, path + ".dl")
-
-    def _checked_again(self, shard: ShardInfo, path: str) -> bool:
-        """A cached file of the right size that no download here verified (left by an older version, or put
-        there by something else): trusted only if its sha256 matches the manifest."""
-        if cache.sha256_and_sync(path) != (shard.bytes, shard.sha256):
-            log.warning("%s: the cached copy %s does not match the manifest; downloading it again",
-                        self.url(shard), path)
-            return False
-        cache.stamp(path)
-        return True
 
     def _download(self, shard: ShardInfo, path: str) -> None:
         fs, rroot = self._filesystem()
@@ -358,16 +352,11 @@ class Storage:
 
     def _full(self, shard: ShardInfo, e: OSError | None, free: int | None = None, needed: int | None = None,
               doing: str = "caching") -> CacheFullError:
-        free = shutil.disk_usage(self.cache_dir).free if free is None else free
-        amount = f"{shard.bytes / 1e6:.1f} MB" if needed is None else f"up to {needed / 1e6:.1f} MB"
-        limit = "unlimited" if self.cache_limit is None else f"{self.cache_limit / 1e9:.1f} GB"
-        local = "" if self.remote else ", or pass decode_once=False to decode in each process instead"
-        return CacheFullError(
-            f"{self.cache_dir}: disk full while {doing} {self.url(shard)} ({amount} needed, "
-            f"{free / 1e6:.1f} MB free{'' if e is None else ': ' + (e.strerror or str(e))}); free space, lower "
-            f"cache_limit (now {limit}; DATAFLOW_CACHE_LIMIT) or set DATAFLOW_CACHE to a larger disk{local}")
+        return cache_full(self.cache_dir, self.url(shard), shard, e, self.cache_limit, self.remote, free, needed,
+                          doing)
 
     def _make_room(self, incoming: int) -> None:
+        """For what a reader waits for: evict what is not in use; the limit is passed only by what is."""
         if self.cache_limit is not None:
             cache.evict(self.cache_dir, self.cache_limit, incoming)
 
@@ -381,6 +370,13 @@ def fetch_ahead(storages: list[Storage], shards: list[tuple[int, ShardInfo]],
         by_source.setdefault(src, []).append(info)
     for src, infos in by_source.items():
         storages[src].fetch_ahead(infos, decode=decode[src])
+
+
+def work_ahead(storages: list[Storage], tiers: list[list[tuple[int, ShardInfo]]],
+               decode: list[tuple[str, int] | None]) -> None:
+    """`Storage.work_ahead` of every source: `tiers` of `(source index, shard)` pairs in the order of need."""
+    for src, storage in enumerate(storages):
+        storage.work_ahead([[info for s, info in tier if s == src] for tier in tiers], decode=decode[src])
 
 
 def _reset_after_fork() -> None:

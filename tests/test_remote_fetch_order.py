@@ -1,0 +1,92 @@
+"""Remote shards are fetched in the order of need, one GET each: the current shuffle window gets the link before
+the next one starts, and a shard larger than s3fs's block size is one GET (not a dropped whole GET, then ranges).
+
+Real text (KJV, byte tokens) in zstd Arrow shards, over HTTP (`http_files`) and moto's S3 server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import torch
+
+from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
+from http_files import _Files, serve
+from s3_server import moto_s3
+
+BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
+SEQ, B = 127, 8
+
+
+def _kjv_dataset(kjv, out, size: int, shard_size: str) -> str:
+    import zstandard
+
+    with open(kjv, "rb") as f:
+        lines = zstandard.ZstdDecompressor().stream_reader(f).read(size).splitlines()[:-1]
+    with ShardWriter(str(out), tokenizer_meta=BYTES, shard_size=shard_size, compression="zstd") as w:
+        for i, line in enumerate(lines):
+            w.write(np.frombuffer(line, np.uint8).astype(np.uint16), id=f"kjv{i}")
+    return str(out)
+
+
+class _Slow(_Files):
+    """Each answer takes 0.15 s more (a round trip on a slow link); when each began and ended is in `spans`."""
+
+    mu = threading.Lock()
+    spans: list = []
+
+    def do_GET(self):  # noqa: N802
+        t0 = time.monotonic()
+        time.sleep(0.15)
+        super().do_GET()
+        with self.mu:
+            self.spans.append((self.path, t0, time.monotonic()))
+
+
+def test_the_current_window_is_fetched_before_the_next_starts(kjv, tmp_path):
+    root = tmp_path / "srv"
+    _kjv_dataset(kjv, root / "ds", 600_000, "64KB")
+    _Slow.spans.clear()
+    with serve(str(root), _Slow) as (url, _, _):
+        ds = StreamingDataset(url + "/ds", seq_len=SEQ, seed=3, shuffle_window=2, cache_dir=str(tmp_path / "c"))
+        loader = StreamingDataLoader(ds, batch_size=B)
+        it = iter(loader)
+        next(it)
+        order = ds.index.order(0, 0)
+        first = {ds.shards[k][1].path for k in order.window_shards(0)}
+        second = {ds.shards[k][1].path for k in order.window_shards(1)}
+        for _ in range(3):
+            next(it)
+        time.sleep(0.6)  # the next window's fetch-ahead is under way by now
+        loader.close()
+        spans = {p.split("/ds/", 1)[1]: (a, b) for p, a, b in _Slow.spans if p.endswith(".arrow")}
+        assert first <= set(spans) and second & set(spans)
+        assert max(spans[p][1] for p in first) <= min(spans[p][0] for p in second & set(spans))
+
+
+def test_a_shard_larger_than_the_block_size_is_one_get(kjv, tmp_path, monkeypatch):
+    import s3fs
+
+    path = _kjv_dataset(kjv, tmp_path / "ds", 1_500_000, "4MB")  # one shard of ~1 MB compressed
+    gets = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *a, **kw):
+        if method == "get_object" and kw.get("Key", "").endswith(".arrow"):
+            gets.append(kw.get("Range"))
+        return await real(self, method, *a, **kw)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    with moto_s3("bench-one-get") as (endpoint, client):
+        for name in os.listdir(path):
+            client.upload_file(os.path.join(path, name), "bench-one-get", f"ds/{name}")
+        opts = {"client_kwargs": {"endpoint_url": endpoint}, "default_block_size": 128 << 10}
+        ds = StreamingDataset("s3://bench-one-get/ds", seq_len=SEQ, seed=1, cache_dir=str(tmp_path / "c"),
+                              storage_options=opts)
+        assert len(ds.shards) == 1 and ds.shards[0][1].bytes > 3 * (128 << 10)
+        got = [b["input_ids"] for b in StreamingDataLoader(ds, batch_size=B)]
+    want = [b["input_ids"] for b in StreamingDataLoader(StreamingDataset(path, seq_len=SEQ, seed=1), batch_size=B)]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert gets == [None]  # one whole GET, none dropped, no ranges
