@@ -77,6 +77,14 @@ class StageProbe:
         self._workers.observe(_flat_by_worker(snap.by_worker))
         self._transfer.observe(dict(snap.transfer))
 
+    def totals(self) -> dict[str, float]:
+        """Running stage seconds since the probe was made (across worker-pool restarts), the h2d copy too."""
+        out = self._stages.since_start()
+        moved = self._transfer.since_start()
+        if "h2d_s" in moved:
+            out["h2d"] = moved["h2d_s"]
+        return out
+
     def summary(self, batches: int) -> dict[str, Any]:
         """Seconds and ms per batch for each stage, which stage dominates, and per-worker figures."""
         seconds = {k: v for k, v in self._stages.since_start().items() if v > 0 or k in STAGES}

@@ -24,6 +24,7 @@ Everything is kept in bounded arrays; the cost is a few microseconds per step (`
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections import deque
@@ -38,6 +39,7 @@ from dataflow.profiling import gpu
 from dataflow.errors import ConfigError
 from dataflow.loading.contract import StageFigures
 from dataflow.profiling.breakdown import StageProbe
+from dataflow.profiling.fleet_log import EVERY_S, RankLog
 
 INPUT_BOUND_PCT = 10.0  # data wait above this share of wall time: input-bound
 BALANCED_PCT = 1.0  # below this: compute-bound
@@ -81,11 +83,15 @@ class StarvationMonitor:
             and `time.process_time`); a test or a simulator may pass its own.
         warmup_steps: the first batches (and their steps) reported as the warm-up, apart from the steady
             state the verdict judges (0: judge the whole run).
+        run_dir: a folder: this rank (torch.distributed's, else $RANK, else 0) appends its figures every
+            `log_every_s` seconds to `run_dir/rank-R.jsonl` (`fleet_log.py`); `dataflow profile --fleet
+            run_dir` reads every rank's. None: nothing is written.
     """
 
     def __init__(self, history: int = 100_000, device: Any = "auto", nvml: bool = True,
                  clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] = time.process_time,
-                 warmup_steps: int = WARMUP_STEPS):
+                 warmup_steps: int = WARMUP_STEPS, run_dir: str | os.PathLike | None = None,
+                 log_every_s: float = EVERY_S):
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ConfigError(f"StarvationMonitor: warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         self.warmup_steps = warmup_steps
@@ -110,6 +116,7 @@ class StarvationMonitor:
         self.nvml: gpu.NvmlSampler | None = None
         self.probe: StageProbe | None = None
         self._step = _Step(self)
+        self.fleet = None if run_dir is None else RankLog(run_dir, warmup_steps, log_every_s)
 
     # --- measuring ------------------------------------------------------------------------------
     def attach(self, loader: StageFigures | None = None, prefetcher: StageFigures | None = None) -> None:
@@ -190,9 +197,11 @@ class StarvationMonitor:
         return self.reset_interval()
 
     def close(self) -> None:
-        """Stop NVML sampling (the figures stay readable)."""
+        """Stop NVML sampling and write the last interval to `run_dir` (the figures stay readable)."""
         if self.nvml is not None:
             self.nvml.stop()
+        if self.fleet is not None:
+            self.fleet.record(self, self.clock())
 
     # --- reporting ------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -345,3 +354,5 @@ class _Step:
         mon.total_step += dt
         mon.count += 1
         mon._end = t1
+        if mon.fleet is not None and (t1 >= mon.fleet.next_t or mon.count == mon.warmup_steps):
+            mon.fleet.record(mon, t1)  # an interval ends at the warm-up's end too: steady ones start there

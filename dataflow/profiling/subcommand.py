@@ -26,7 +26,7 @@ def add_profile_parser(sub: Any, formatter_class: type = argparse.HelpFormatter)
     p.add_argument("--num-workers", type=int, help="loader workers (default: data.num_workers, else 2)")
     p.add_argument("--depth", type=int, help="DevicePrefetcher depth (default: data.prefetch_depth, else 2)")
     p.add_argument("--prefetch-factor", type=int, default=2, help="batches each worker keeps ready")
-    consumer = p.add_mutually_exclusive_group(required=True)
+    consumer = p.add_mutually_exclusive_group()
     consumer.add_argument("--step-ms", type=float, help="the consumer sleeps this long per step (your step time)")
     consumer.add_argument("--config", help="trainer TOML: run the trainer's real model step as the consumer")
     p.add_argument("--batches", type=int, default=100, help="batches measured per phase")
@@ -38,6 +38,8 @@ def add_profile_parser(sub: Any, formatter_class: type = argparse.HelpFormatter)
     p.add_argument("--seed", type=int, default=None, help="shuffle seed (default: train.seed of --config, else 0)")
     p.add_argument("--sweep", nargs="+", metavar="KEY=V,V", help="also try each combination, e.g. "
                    "--sweep num_workers=0,1,2 depth=1,2,4; recommends the cheapest below 1%% data wait")
+    p.add_argument("--fleet", metavar="RUN_DIR", help="instead: every rank's figures that StarvationMonitor("
+                   "run_dir=RUN_DIR) wrote, in one view (wait share per rank and node, stragglers, the job's verdict)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace / Perfetto JSON of the run")
     p.add_argument("--plot", metavar="FILE.png", help="write a figure (needs matplotlib: dataflow-lm[plot])")
@@ -118,6 +120,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_profile(args: argparse.Namespace) -> int:
     from dataflow.profiling.report import format_report, to_json
 
+    if args.fleet:
+        import json
+
+        from dataflow.profiling.fleet import fleet_report, format_fleet
+
+        fleet = fleet_report(args.fleet)
+        print(json.dumps(fleet, indent=1) if args.json else format_fleet(fleet))
+        return 0
+    if args.step_ms is None and args.config is None:
+        raise ConfigError("dataflow profile: give --step-ms MS or --config TOML (the consumer), or --fleet RUN_DIR")
     report = run(args)
     print(to_json(report) if args.json else format_report(report))
     return 0
