@@ -35,7 +35,8 @@ def config(*sets: str):
     (["train.pipeline_parallel=2", "train.parallel=ddp"], 2, "need train.parallel = \"fsdp\" or \"hsdp\""),
     (["train.parallel=hsdp", "train.hsdp_replicas=3", "train.tensor_parallel=2"], 8,
      "train.hsdp_replicas = 3 does not divide the 4 data-parallel ranks"),
-    (["train.pipeline_parallel=2"], 4, "pipeline parallelism is not available in this trainer yet"),
+    (["train.pipeline_parallel=2", "train.tensor_parallel=2"], 4, "is not available in this trainer yet"),
+    (["train.pipeline_parallel=2", "data.doc_mask=true"], 4, "the stages pass hidden states only"),
     (["train.global_batch_tokens=100", "data.seq_len=32"], 1, "not a whole number of samples of data.seq_len = 32"),
     (["train.global_batch_tokens=96", "data.seq_len=32", "data.batch_size=2"], 2,
      "(3 samples) is not a whole number of micro-batches of data.batch_size 2 x 2 data-parallel rank(s)"),
@@ -48,6 +49,7 @@ def test_an_impossible_layout_is_one_line(sets, world, said):
 
 def test_layouts_that_work():
     assert plan_layout(config(), 1) == Layout()
+    assert plan_layout(config("train.pipeline_parallel=2"), 8) == Layout(2, 1, 4, 1)
     assert plan_layout(config("train.parallel=ddp"), 4) == Layout(1, 4, 1, 1)
     assert plan_layout(config("train.tensor_parallel=2"), 4) == Layout(1, 1, 2, 2)
     # hsdp's replicas are the nodes; the shard group is what is left of a node after tensor parallelism

@@ -173,7 +173,7 @@ def _tp_models(device: str, dry_run: bool) -> tuple:
     with torch.device("meta"):
         tp = GPT(cfg.model, vocab, cfg.data.seq_len)
     apply_tensor_parallel(tp, mesh["tp"])
-    for block in tp.blocks:
+    for block in tp.blocks.values():
         fully_shard(block, mesh=mesh["dp_shard"])
     fully_shard(tp, mesh=mesh["dp_shard"])
     tp.to_empty(device=device)

@@ -20,7 +20,7 @@ from trainer.layout import Layout
 from trainer.metrics import MetricsLogger, peak_flops
 from trainer.model import GPT, QKV_LAYOUT
 from trainer.optim import Schedule, build_optimizer
-from trainer.parallelize import Dist, parallelize
+from trainer.parallelize import Dist, build_pipeline, parallelize, stage_index
 
 
 def seed_everything(seed: int) -> None:
@@ -49,8 +49,10 @@ def build_data(cfg: Config, d: Dist, ds: Any = None, **loader_options: Any) -> t
     # the product's path: workers fill page-locked slots that the prefetcher copies to the GPU directly;
     # cycle: epoch after epoch, so the loop counts steps, not epochs
     options = {"pin_memory": d.device.type == "cuda", "cycle": True, **loader_options}
-    loader = dataflow.StreamingDataLoader(ds, batch_size=cfg.data.batch_size, num_workers=cfg.data.num_workers,
-                                          **options)
+    # a pipeline stage between the first (inputs) and the last (labels) reads no data: no workers, never iterated
+    reads = stage_index(d) in (0, d.layout.pp - 1)
+    loader = dataflow.StreamingDataLoader(ds, batch_size=cfg.data.batch_size,
+                                          num_workers=cfg.data.num_workers if reads else 0, **options)
     val_loader = None
     if cfg.data.val_path:
         rank, world = ds.rank_world()
@@ -79,6 +81,8 @@ def build_model(cfg: Config, d: Dist, vocab_size: int) -> tuple[torch.nn.Module,
 
 
 def _materialise(gpt: GPT, cfg: Config, d: Dist) -> tuple[torch.nn.Module, GPT]:
+    if d.layout.pp > 1:
+        gpt.keep_stage(stage_index(d), d.layout.pp)
     if d.world_size > 1 and cfg.train.parallel in ("fsdp", "hsdp"):
         model = parallelize(gpt, cfg, d)  # on meta: each rank then allocates and initialises its shards only
         gpt.to_empty(device=d.device)
@@ -131,6 +135,7 @@ class Run:
     rolled_back_to: str | None = None
     resume_path: str | None = None
     spikes_in_row: int = 0  # spike steps in a row: SPIKE_PATIENCE of them make the loss's new level the average
+    pipeline: Any = None  # this rank's pipeline stage (trainer.parallelize.Pipeline) under pipeline parallelism
 
     @property
     def grad_accum(self) -> int:
@@ -169,5 +174,11 @@ def setup(cfg: Config, d: Dist, log: MetricsLogger, ds: Any = None) -> Run:
     model_meta = {k: getattr(cfg.model, k) for k in ("n_layer", "n_head", "d_model", "mlp_ratio", "vocab_multiple")}
     model_meta.update(vocab_size=ds.vocab_size, qkv=QKV_LAYOUT)
     prefetcher = dataflow.DevicePrefetcher(loader, device=d.device, depth=cfg.data.prefetch_depth)
-    return Run(cfg, d, log, ds, loader, val_loader, model, gpt, optimizer, prefetcher, ckpt, model_meta,
-               tokens_per_step, gpt.flops_per_token(cfg.data.seq_len), peak_flops(d.device), Schedule.of(t))
+    run = Run(cfg, d, log, ds, loader, val_loader, model, gpt, optimizer, prefetcher, ckpt, model_meta,
+              tokens_per_step, gpt.flops_per_token(cfg.data.seq_len), peak_flops(d.device), Schedule.of(t))
+    if d.layout.pp > 1:
+        run.pipeline = build_pipeline(model, gpt, d.layout.grad_accum, d)
+        if val_loader is not None:
+            log.print("data.val_path: validation is not run under pipeline parallelism (train.pipeline_parallel > 1)")
+            run.val_loader = None
+    return run

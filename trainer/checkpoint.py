@@ -315,9 +315,11 @@ class Checkpointer:
             if diff:
                 raise ConfigError(f"cannot resume from {path}: the model differs from the checkpoint's "
                                   f"({'; '.join(diff)}); restore those settings or start a new checkpoint.dir")
-        SafeReader(path).read_metadata()  # its one-line FormatError, before DCP wraps it in its own exception
+        saved_keys = set(SafeReader(path).read_metadata().state_dict_metadata)  # its one-line FormatError first
         model_sd, optim_sd = get_state_dict(model, optimizer)
         target = {"model": model_sd, "optim": optim_sd}
+        own_groups = [list(g["params"]) for g in optim_sd.get("param_groups", [])]
+        renamed = _read_tied_from_original(target, saved_keys)
         try:
             with _quiet():
                 dcp.load(target, checkpoint_id=path, storage_reader=SafeReader(path), planner=SafePlanner(),
@@ -331,6 +333,11 @@ class Checkpointer:
             hint = f'set checkpoint.resume = "{older[-1]}"' if older else 'set checkpoint.resume = "none"'
             raise FormatError(f"{path}: its tensors cannot be read ({first}); the checkpoint is "
                               f"damaged: {hint} to start from {'the one before' if older else 'scratch'}") from None
+        for section, copy, original in renamed:
+            holder = target["model"] if section == "model" else target["optim"]["state"]
+            holder[copy] = holder.pop(original)
+        for group, own in zip(target["optim"].get("param_groups", []), own_groups):
+            group["params"] = own  # the saved layout's names of its stage's parameters: this one's instead
         set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
         rng_file = os.path.join(path, f"rng-rank{d.rank:05d}.json")
         if state.get("world_size") == d.world_size and os.path.isfile(rng_file):
@@ -340,6 +347,29 @@ class Checkpointer:
         else:  # a different world size: RNG streams cannot map one to one, reseed per (seed, rank, step)
             state["rng_restored"] = False
         return state
+
+
+# a pipeline's last stage holds its own copy of the tied matrix (kept equal to the first stage's): copy -> original
+TIED_COPIES = {"lm_head.weight": "tok_emb.weight"}
+
+
+def _read_tied_from_original(target: dict[str, Any], saved_keys: set[str]) -> list[tuple[str, str, str]]:
+    """Resharding between layouts with and without pipeline stages: a tied copy (model weight or optimizer state)
+    that the checkpoint lacks is read from its original's entries (a 1-process run saves the tied matrix's
+    optimizer state once, as tok_emb.weight). Returns the (section, copy, original) renamed in `target`."""
+    renamed = []
+    model_sd, optim_state = target["model"], target["optim"].get("state", {})
+    for copy, original in TIED_COPIES.items():
+        if copy in model_sd and original not in model_sd and f"model.{copy}" not in saved_keys \
+                and f"model.{original}" in saved_keys:
+            model_sd[original] = model_sd.pop(copy)
+            renamed.append(("model", copy, original))
+        if copy in optim_state and original not in optim_state \
+                and not any(k.startswith(f"optim.state.{copy}.") for k in saved_keys) \
+                and any(k.startswith(f"optim.state.{original}.") for k in saved_keys):
+            optim_state[original] = optim_state.pop(copy)
+            renamed.append(("optim", copy, original))
+    return renamed
 
 
 def _check_state(path: str, state: dict[str, Any]) -> None:

@@ -67,7 +67,7 @@ class TrainConfig:
     parallel: str = "ddp"  # ddp | fsdp | hsdp (a single process runs the plain model)
     hsdp_replicas: int = 0  # hsdp: replica groups (0: one per node, from torchrun's LOCAL_WORLD_SIZE, after tp and pp)
     tensor_parallel: int = 1  # ranks splitting each layer's heads and MLP (and the vocabulary): fsdp/hsdp only
-    pipeline_parallel: int = 1  # stages splitting the layers (validated; not available yet: keep 1)
+    pipeline_parallel: int = 1  # stages splitting the layers (fsdp/hsdp only; 1F1B over the micro-batches)
     global_batch_tokens: int = 0  # > 0: tokens per optimizer step, whatever the layout; decides grad_accum from
     # data.batch_size and the data-parallel size (train.grad_accum is then ignored), and refuses a layout that
     # cannot give it exactly; 0: batch_size x seq_len x grad_accum x data-parallel ranks

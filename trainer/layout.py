@@ -120,9 +120,12 @@ def plan_layout(cfg: Config, world_size: int, local_world_size: int | None = Non
         raise ConfigError(f"{world_size} process(es) cannot be laid out as tp {tp} x pp {pp} x data parallel: start a "
                           f"multiple of {tp * pp} (torchrun --nproc-per-node), or change train.tensor_parallel / "
                           f"train.pipeline_parallel")
-    if pp > 1:
-        raise ConfigError(f"train.pipeline_parallel = {pp}: pipeline parallelism is not available in this trainer "
-                          f"yet; use train.tensor_parallel and FSDP/HSDP (train.pipeline_parallel = 1)")
+    if pp > 1 and tp > 1:
+        raise ConfigError(f"train.pipeline_parallel = {pp} with train.tensor_parallel = {tp} is not available in this "
+                          f"trainer yet; use one of them with FSDP/HSDP over the data-parallel ranks")
+    if pp > 1 and cfg.data.doc_mask:
+        raise ConfigError(f"data.doc_mask = true with train.pipeline_parallel = {pp}: the stages pass hidden states "
+                          f"only, not the documents' positions; set data.doc_mask = false or pipeline_parallel = 1")
     dp = world_size // (tp * pp)
     replicate, shard = (1, 1) if world_size == 1 else _data_parallel_split(cfg, dp, local_world_size or world_size)
     return Layout(pp, replicate, shard, tp, accumulation(cfg, dp))

@@ -16,15 +16,30 @@ import dataflow
 from dataflow.distributed import data_parallel_coordinates
 from dataflow.errors import TrainingAborted
 from dataflow.units import count
-from trainer.build import Counters, Run, build_data, open_dataset, seed_everything, setup
+from trainer.build import (
+    Counters,
+    Run,
+    build_data,
+    open_dataset,
+    seed_everything,
+    setup,
+)
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config
 from trainer.estimate import warn_if_out_of_reach
 from trainer.layout import check_vocab, plan_layout, torchrun_world
 from trainer.metrics import Interval, MetricsLogger, peak_memory_gib
+from trainer.model import GPT
 from trainer.parallelize import Dist, build_mesh, init_distributed, set_cpu_threads
 from trainer.signals import StopFlag
-from trainer.step import StepResult, all_reduce_sum, autocast, is_spike, train_step
+from trainer.step import (
+    StepResult,
+    all_reduce_sum,
+    autocast,
+    is_spike,
+    pipeline_step,
+    train_step,
+)
 
 __all__ = ["train", "build_data", "Counters", "Run", "StepResult", "TrainingAborted", "is_spike", "guard",
            "SPIKE_PATIENCE"]
@@ -140,7 +155,11 @@ def say_what_is_ahead(run: Run, stop_at: int) -> None:
                       + f"; to train on, raise it (--set train.steps={2 * max(step, 1)}); to start afresh, "
                         f"--set checkpoint.resume=none --set checkpoint.replace=true, or another checkpoint.dir")
     else:
-        warn_if_out_of_reach(run.cfg, run.d.device, run.d.world_size, run.gpt, run.tokens_per_step, run.log.print)
+        gpt = run.gpt
+        if run.pipeline is not None:  # the estimate reads the whole model (its embedding): a stage holds a part
+            with torch.device("meta"):
+                gpt = GPT(run.cfg.model, run.ds.vocab_size, run.cfg.data.seq_len)
+        warn_if_out_of_reach(run.cfg, run.d.device, run.d.world_size, gpt, run.tokens_per_step, run.log.print)
 
 
 def steps(run: Run, batches: Iterator[Any], mon: Any, stop: StopFlag, stop_at: int) -> tuple[float, float | None]:
@@ -149,7 +168,7 @@ def steps(run: Run, batches: Iterator[Any], mon: Any, stop: StopFlag, stop_at: i
     loss, val_loss, interval = float("nan"), None, Interval()
     while run.step < stop_at:
         run.step += 1
-        r = train_step(run, batches, mon, stop)
+        r = (pipeline_step if run.pipeline is not None else train_step)(run, batches, mon, stop)
         run.counters.tokens += run.tokens_per_step
         loss = r.loss
         if guard(run, r):  # rolled back to a checkpoint: its step, the data stream goes on

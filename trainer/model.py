@@ -131,19 +131,39 @@ class GPT(nn.Module):
         self.cfg, self.vocab_size, self.max_len = cfg, vocab_size, max_len
         self.padded_vocab = padded_vocab(vocab_size, cfg.vocab_multiple)
         self.tok_emb = nn.Embedding(self.padded_vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        # a dict by layer number: a pipeline stage keeps its layers under their full model's names (blocks.N)
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, self.padded_vocab, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied: one matrix reads and writes tokens
         self.rotary = Rotary(cfg.d_model // cfg.n_head, max_len, cfg.rope_theta)
+        self.full_params: int | None = None  # a pipeline stage's: the whole model's parameter count
 
     def tie_weights(self) -> None:
-        """Re-tie after `to_empty()`, which gives each module its own copy of a shared parameter."""
-        if self.lm_head.weight is not self.tok_emb.weight:
+        """Re-tie after `to_empty()`, which gives each module its own copy of a shared parameter. A pipeline stage
+        holds one end only (or, with one stage... both): its copy is kept equal by the trainer."""
+        if self.tok_emb is not None and self.lm_head is not None and self.lm_head.weight is not self.tok_emb.weight:
             self.lm_head.weight = self.tok_emb.weight
 
+    def keep_stage(self, stage: int, stages: int) -> None:
+        """Become pipeline stage `stage` of `stages`: its layers (by number, names kept), the embedding on the first,
+        the final norm and lm_head on the last (its own copy of the tied matrix, whose gradient the trainer
+        all-reduces with the first stage's)."""
+        self.full_params = self.num_params()
+        per = self.cfg.n_layer // stages
+        for i in list(self.blocks):
+            if not stage * per <= int(i) < (stage + 1) * per:
+                del self.blocks[i]
+        if stage > 0:
+            self.tok_emb = None
+        if stage < stages - 1:
+            self.norm = self.lm_head = None
+        elif stage > 0:
+            self.lm_head.weight = nn.Parameter(torch.empty_like(self.lm_head.weight))
+
     def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        """Parameters of the whole model (a pipeline stage's count the whole model's)."""
+        return self.full_params or sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6N for the weights plus 12*L*H*Q*T for attention (PaLM, appendix B)."""
@@ -162,6 +182,7 @@ class GPT(nn.Module):
         std = self.cfg.init_std
         for name, p in self.named_parameters():
             name = canonical_name(name)
+            name = "tok_emb.weight" if name == "lm_head.weight" else name  # a last stage's copy of the tied matrix
             local = p.to_local() if hasattr(p, "to_local") else p
             gen = torch.Generator(device=local.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             full = torch.empty(p.shape, dtype=p.dtype, device=local.device)
@@ -178,6 +199,8 @@ class GPT(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (or, on a pipeline stage after the first, the hidden states) -> the mean token loss with
+        `labels`, else the logits (a stage before the last: its hidden states)."""
         T = input_ids.shape[1]
         if T > self.max_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.max_len}")
@@ -187,10 +210,17 @@ class GPT(nn.Module):
         else:
             cos, sin = self.rotary(position_ids)
             mask = document_mask(position_ids)
-        x = self.tok_emb(input_ids)
-        for block in self.blocks:
+        x = self.tok_emb(input_ids) if self.tok_emb is not None else input_ids
+        for block in self.blocks.values():
             x = block(x, cos, sin, mask)
+        if self.lm_head is None:
+            return x
         logits = self.lm_head(self.norm(x))
         if labels is None:
-            return logits[..., : self.vocab_size]
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
+            return logits if self.full_params else logits[..., : self.vocab_size]
+        return token_loss(logits, labels)
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over the (padded) vocabulary's logits, in fp32."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))

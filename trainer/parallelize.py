@@ -100,9 +100,12 @@ def apply_tensor_parallel(gpt: nn.Module, tp_mesh: "DeviceMesh") -> None:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    plan: dict = {"tok_emb": RowwiseParallel(input_layouts=Replicate()),
-                  "lm_head": ColwiseParallel(output_layouts=Replicate())}
-    for i in range(len(gpt.blocks)):
+    plan: dict = {}
+    if gpt.tok_emb is not None:  # a pipeline stage holds the embedding (first) or lm_head (last), or neither
+        plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
+    if gpt.lm_head is not None:
+        plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+    for i in gpt.blocks:
         plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(), f"blocks.{i}.attn.proj": RowwiseParallel(),
                      f"blocks.{i}.mlp.fc": ColwiseParallel(), f"blocks.{i}.mlp.proj": RowwiseParallel()})
     parallelize_module(gpt, tp_mesh, plan)
@@ -122,10 +125,10 @@ def parallelize(model: nn.Module, cfg: Config, d: Dist) -> nn.Module:
     if cfg.train.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-        for i, block in enumerate(blocks):
+        for i, block in blocks.items():
             blocks[i] = checkpoint_wrapper(block, preserve_rng_state=cfg.model.dropout > 0)
     if cfg.train.compile:
-        for block in blocks:
+        for block in blocks.values():
             block.compile()
     if d.world_size == 1 or d.layout.dp == 1:  # one process, or tensor parallel only: nothing to replicate
         return model
@@ -140,9 +143,10 @@ def parallelize(model: nn.Module, cfg: Config, d: Dist) -> nn.Module:
     mesh = _data_parallel_mesh(cfg, d)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if cfg.train.precision == "bf16" else MixedPrecisionPolicy()
-    for i, block in enumerate(blocks):
-        # the last block's parameters are needed right away by backward: keep them gathered
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    for i, block in enumerate(blocks.values()):
+        # the last block's parameters are needed right away by backward: keep them gathered (and under pipeline
+        # parallelism all of them: each micro-batch's forward and backward would gather them again)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1 and d.layout.pp == 1)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
 
@@ -186,3 +190,49 @@ def grad_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
 def unwrap(model: nn.Module) -> nn.Module:
     """The GPT inside a DDP wrapper (FSDP2 modules are the GPT itself)."""
     return getattr(model, "module", model)
+
+
+@dataclass
+class Pipeline:
+    """This rank's pipeline stage: the schedule that runs it, and the groups its step needs."""
+
+    schedule: object  # torch.distributed.pipelining's Schedule1F1B (or GPipe when micro-batches < stages)
+    first: bool
+    last: bool
+    pp_group: "dist.ProcessGroup"  # this rank's stages: the gradient norm sums over them
+    tied_group: "dist.ProcessGroup | None"  # first and last stage of this coordinate: the tied matrix's gradient
+    tied: "nn.Parameter | None"  # this stage's copy of the tied embedding/lm_head matrix
+
+
+def stage_index(d: Dist) -> int:
+    """This rank's pipeline stage (0 without pipeline parallelism): its coordinate on the mesh's pp dimension."""
+    return d.mesh.get_local_rank("pp") if d.mesh is not None and d.layout.pp > 1 else 0
+
+
+def _tied_group(d: Dist) -> "dist.ProcessGroup":
+    """The (first stage, last stage) group of this rank's (dp, tp) coordinate; every rank creates every group."""
+    if d.layout.pp == 2:
+        return d.mesh["pp"].get_group()
+    ranks, mine = d.mesh.mesh, None
+    for coordinate in torch.cartesian_prod(*(torch.arange(n) for n in d.layout.shape[1:])).reshape(-1, 3).tolist():
+        r, s, t = coordinate
+        pair = [int(ranks[0, r, s, t]), int(ranks[-1, r, s, t])]
+        group = dist.new_group(pair)
+        mine = group if d.rank in pair else mine
+    return mine
+
+
+def build_pipeline(model: nn.Module, gpt: nn.Module, grad_accum: int, d: Dist) -> Pipeline:
+    """The stage of `model` (a GPT cut by `keep_stage`, materialised) in a 1F1B schedule of `grad_accum`
+    micro-batches (GPipe when there are fewer micro-batches than stages), the loss on the last stage."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from trainer.model import token_loss
+
+    index, stages = stage_index(d), d.layout.pp
+    stage = PipelineStage(model, index, stages, d.device, group=d.mesh["pp"].get_group())
+    kind = Schedule1F1B if grad_accum >= stages else ScheduleGPipe
+    first, last = index == 0, index == stages - 1
+    tied = gpt.tok_emb.weight if first else gpt.lm_head.weight if last else None
+    return Pipeline(kind(stage, n_microbatches=grad_accum, loss_fn=token_loss), first, last,
+                    d.mesh["pp"].get_group(), _tied_group(d), tied)

@@ -111,26 +111,58 @@ def train_step(run: Any, batches: Iterator[Any], mon: Any, stop: StopFlag) -> St
 
 
 @torch.no_grad()
-def clip_grads(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+def clip_grads(model: torch.nn.Module, max_norm: float, pipeline: Any = None) -> torch.Tensor:
     """The global gradient norm, clipped to `max_norm` (> 0), over every shard of every parameter.
 
     Under FSDP2 x tensor parallelism the gradients live on two meshes ((dp, tp) for split matrices, dp for the
-    replicated norms) that one norm cannot mix: each mesh's norm is taken whole, then they combine."""
+    replicated norms) that one norm cannot mix: each mesh's norm is taken whole, then they combine. Under pipeline
+    parallelism the stages' squares are summed, the tied matrix counted once (on the first stage)."""
     groups: dict[Any, list[torch.nn.Parameter]] = {}
     for p in model.parameters():
         if p.grad is not None:
             groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
-    if len(groups) <= 1:
+    if len(groups) <= 1 and pipeline is None:
         return clip_grad_norm(model, max_norm)
-    squares = []
+    duplicate = pipeline.tied if pipeline is not None and pipeline.last and not pipeline.first else None
+    squares = [torch.zeros((), device=next(model.parameters()).device)]
     for params in groups.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
-        squares.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float() ** 2)
-    total = torch.stack(squares).sum().sqrt()
+        grads = [p.grad for p in params if p is not duplicate]
+        if grads:
+            norm = torch.nn.utils.get_total_norm(grads, 2.0)
+            squares.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float() ** 2)
+    total = torch.stack(squares).sum()
+    if pipeline is not None:
+        dist.all_reduce(total, group=pipeline.pp_group)
+    total = total.sqrt()
     if max_norm > 0:
         for params in groups.values():
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
+
+
+def pipeline_step(run: Any, batches: Iterator[Any], mon: Any, stop: StopFlag) -> StepResult:
+    """One optimizer step of a pipeline stage: the layout's micro-batches through the schedule (the first stage
+    feeds the inputs, the last the labels and gets the losses, a stage between reads nothing), then the tied
+    matrix's gradient summed over the first and last stage, then the step's one host sync."""
+    p, accum = run.pipeline, run.grad_accum
+    lr = run.schedule.at(run.step)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    micro = [next(batches) for _ in range(accum)] if p.first or p.last else []
+    tp_group = tensor_parallel_group(run.d) if micro and check_due(run.cfg, run.step) else None
+    if tp_group is not None:
+        check_same_batch(micro[0], tp_group, run.step)
+    losses: list[torch.Tensor] = []
+    with mon.step():
+        inputs = (torch.cat([b["input_ids"] for b in micro]),) if p.first else ()
+        target = torch.cat([b["labels"] for b in micro]) if p.last else None
+        p.schedule.step(*inputs, target=target, losses=losses if p.last else None)
+    loss_sum = torch.stack([x.detach().float() for x in losses]).sum() if losses else \
+        torch.zeros((), device=run.d.device)
+    if p.tied_group is not None and p.tied is not None and p.tied.grad is not None:
+        grad = p.tied.grad
+        dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=p.tied_group)
+    return apply_step(run, loss_sum, stop, lr)
 
 
 def is_spike(loss: float, ema: float | None, factor: float) -> bool:
@@ -142,11 +174,12 @@ def apply_step(run: Any, loss_sum: torch.Tensor, stop: StopFlag, lr: float) -> S
     """The one host sync of the step: global loss, grad norm and stop votes, equal on every rank; then
     the optimizer steps unless the step is non-finite or a spike to roll back from."""
     t, d = run.cfg.train, run.d
-    grad_norm = clip_grads(run.model, t.clip)
+    grad_norm = clip_grads(run.model, t.clip, run.pipeline)
     stats = all_reduce_sum(torch.stack([loss_sum / run.grad_accum, torch.tensor(float(stop.set), device=d.device)]),
                            d)
-    # every rank of a tensor-parallel group holds its group's loss: the mean over all ranks is the global batch's
-    loss, stop_votes = stats[0].item() / d.world_size, stats[1].item()
+    # every rank of a tensor-parallel group holds its group's loss (of the last pipeline stages, the others add 0):
+    # the mean over those ranks is the global batch's
+    loss, stop_votes = stats[0].item() / (d.layout.dp * d.layout.tp if d.world_size > 1 else 1), stats[1].item()
     gnorm = float(grad_norm)
     finite = math.isfinite(loss) and math.isfinite(gnorm)
     spike = finite and is_spike(loss, run.counters.loss_ema, t.spike_factor)
