@@ -67,15 +67,27 @@ def _rank_figures(header: dict[str, Any], intervals: list[dict[str, Any]]) -> di
             "stage_s": {k: round(v, 4) for k, v in grown.items()}, "steady": bool(steady)}
 
 
-def fleet_report(run_dir: str, k: float = STRAGGLER_K) -> dict[str, Any]:
-    """The fleet view: `ranks`, `nodes`, `stragglers` (rank numbers), `verdict` (see the module docstring)."""
-    ranks = read_ranks(run_dir)
-    stragglers = []
+def stragglers_of(ranks: list[dict[str, Any]], k: float = STRAGGLER_K) -> list[int]:
+    """Ranks whose `wait_share` is above 10% and at least k times the median of the other ranks'."""
+    found = []
     for r in ranks:
         others = [o["wait_share"] for o in ranks if o is not r]
         median = statistics.median(others) if others else 0.0
         if r["wait_share"] > STRAGGLER_MIN_SHARE and r["wait_share"] >= k * median:
-            stragglers.append(r["rank"])
+            found.append(r["rank"])
+    return found
+
+
+def straggler_line(r: dict[str, Any]) -> str:
+    """`STRAGGLER rank 3 on node7: data wait 41.0%, slowest stage fetch: <what to change>`."""
+    return (f"STRAGGLER rank {r['rank']} on {r['host']}: data wait {100 * r['wait_share']:.1f}%, slowest stage "
+            f"{r['slowest_stage']}: {ADVICE.get(r['slowest_stage'] or '', 'look at its loader figures')}")
+
+
+def fleet_report(run_dir: str, k: float = STRAGGLER_K) -> dict[str, Any]:
+    """The fleet view: `ranks`, `nodes`, `stragglers` (rank numbers), `verdict` (see the module docstring)."""
+    ranks = read_ranks(run_dir)
+    stragglers = stragglers_of(ranks, k)
     nodes: dict[str, list[dict[str, Any]]] = {}
     for r in ranks:
         nodes.setdefault(r["host"], []).append(r)
@@ -101,10 +113,7 @@ def format_fleet(report: dict[str, Any]) -> str:
         lines.append(f"  node {n['host']}: ranks {', '.join(map(str, n['ranks']))}, mean data wait "
                      f"{100 * n['wait_share']:.1f}%")
     by_rank = {r["rank"]: r for r in report["ranks"]}
-    for s in report["stragglers"]:
-        r = by_rank[s]
-        lines.append(f"STRAGGLER rank {s} on {r['host']}: data wait {100 * r['wait_share']:.1f}%, slowest stage "
-                     f"{r['slowest_stage']}: {ADVICE.get(r['slowest_stage'] or '', 'look at its loader figures')}")
+    lines += [straggler_line(by_rank[s]) for s in report["stragglers"]]
     if not report["stragglers"]:
         lines.append(f"no straggler ({report['straggler_rule']})")
     return "\n".join(lines)

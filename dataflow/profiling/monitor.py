@@ -196,6 +196,39 @@ class StarvationMonitor:
                       stacklevel=2)
         return self.reset_interval()
 
+    def name_stragglers(self, k: float = 2.0) -> list[str]:
+        """At a log interval, on every rank at the same step (a collective: one all-gather of a few numbers
+        under torch.distributed): this rank's steady wait share and slowest stage, gathered; rank 0 gets a
+        `STRAGGLER ...` line for each straggler (see `fleet.py`), logs it and returns them ([] elsewhere)."""
+        import logging
+
+        import torch.distributed as dist
+
+        from dataflow.profiling.fleet import straggler_line, stragglers_of
+
+        mine = self.rank_figures()
+        ranks = [mine]
+        if dist.is_available() and dist.is_initialized():
+            ranks = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, mine)
+            if dist.get_rank() != 0:
+                return []
+        by_rank = {r["rank"]: r for r in ranks}
+        lines = [straggler_line(by_rank[s]) for s in stragglers_of(ranks, k)]
+        for line in lines:
+            logging.getLogger("dataflow.profiling").warning(line)
+        return lines
+
+    def rank_figures(self) -> dict[str, Any]:
+        """This rank's `rank`, `host`, steady `wait_share` and `slowest_stage` (what the fleet view judges)."""
+        import socket
+
+        from dataflow.profiling.fleet_log import rank_world
+
+        s = self.summary()
+        return {"rank": rank_world()[0], "host": socket.gethostname(), "wait_share": judged(s)["data_wait_pct"] / 100,
+                "steps": s["steps"], "slowest_stage": (s.get("stages") or {}).get("dominant")}
+
     def close(self) -> None:
         """Stop NVML sampling and write the last interval to `run_dir` (the figures stay readable)."""
         if self.nvml is not None:
