@@ -188,3 +188,30 @@ def test_the_70b_config_lays_out_as_its_comments_say():
     assert 16 * 64_837_918_720 / (layout.tp * layout.dp_shard) < 33e9  # fp32 states per GPU
     bigger = load_config(builtin_configs()["gpt-70b-3d"], ["data.path=unused", "train.hsdp_replicas=8"])
     assert plan_layout(bigger, 256, 8) == Layout(1, 8, 4, 8, grad_accum=32)  # 32 nodes: the same global batch
+
+
+class _Stages:
+    """A mesh as stage_index reads it: this rank's coordinate on the pp dimension."""
+
+    def __init__(self, stage):
+        self.stage = stage
+
+    def get_local_rank(self, name):
+        assert name == "pp"
+        return self.stage
+
+
+def test_only_the_first_and_last_pipeline_stage_start_loader_workers(data, tmp_path, monkeypatch):
+    from trainer.build import build_data
+    from trainer.parallelize import Dist
+
+    cfg = load_config("demo", tiny_settings(data, tmp_path / "ck", "data.num_workers=2", "model.n_layer=4"))
+    workers = {}
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    for stage in range(4):  # pp 4 x dp 1 x tp 1: rank r is stage r
+        monkeypatch.setenv("RANK", str(stage))
+        d = Dist(layout=Layout(pp=4), mesh=_Stages(stage))
+        _, loader, _ = build_data(cfg, d)
+        workers[stage] = loader.num_workers
+        loader.close()
+    assert workers == {0: 2, 1: 0, 2: 0, 3: 2}

@@ -49,3 +49,13 @@ def test_a_one_process_checkpoint_resumes_as_a_pipeline(kjv_data, baseline, tmp_
     assert_close(losses(tmp_path / "metrics.jsonl"), losses(baseline / "metrics.jsonl"), range(5, STEPS + 1))
     state = json.loads((tmp_path / "ck" / "step-000008" / "trainer_state.json").read_text())
     assert state["loader"]["consumed"] == STEPS * 8
+
+
+def test_four_stages_match_one_process_with_the_tied_matrix_across_the_pipeline(kjv_data, tmp_path):  # noqa: F811
+    """pp 4 (1F1B over 4 micro-batches): the embedding on stage 0 and lm_head on stage 3 stay one matrix."""
+    deep = ("model.n_layer=4", "data.num_workers=1")
+    run_cli(settings(kjv_data, tmp_path / "one", "data.batch_size=8", *deep))
+    run_cli(settings(kjv_data, tmp_path / "pp4", "data.batch_size=2", "train.parallel=fsdp",
+                     "train.pipeline_parallel=4", *deep), nproc=4)
+    assert_close(losses(tmp_path / "pp4" / "metrics.jsonl"), losses(tmp_path / "one" / "metrics.jsonl"),
+                 range(1, STEPS + 1))
