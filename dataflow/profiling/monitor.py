@@ -204,7 +204,7 @@ class StarvationMonitor:
 
         import torch.distributed as dist
 
-        from dataflow.profiling.fleet import straggler_line, stragglers_of
+        from dataflow.profiling.stragglers import straggler_line, stragglers_of
 
         mine = self.rank_figures()
         ranks = [mine]
