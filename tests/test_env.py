@@ -90,7 +90,7 @@ def test_tokenize_with_a_bad_variable_exits_2_in_one_line(tmp_path, name, value)
 
 def test_a_missing_input_is_a_usage_error_and_still_an_input_error(tmp_path):
     from dataflow import ConfigError, InputError, InputNotFoundError
-    from dataflow.preprocess.readers import expand_inputs, input_kind
+    from dataflow.sources import expand_inputs, input_kind
 
     (tmp_path / "x.docx").write_text("not an input")
     for check in (lambda: expand_inputs([str(tmp_path / "absent.jsonl")]),

@@ -13,6 +13,9 @@ FORBIDDEN = {
     "dataflow/profiling": ("dataflow.preprocess", "trainer"),
     # the data-order audit: the loader writes through audit/log.py, so the audit never imports the loader
     "dataflow/audit": ("dataflow.loading", "dataflow.preprocess", "dataflow.profiling", "trainer"),
+    # input files -> records (tokenize's readers): they know nothing of what reads them
+    "dataflow/sources": ("dataflow.preprocess", "dataflow.tokenizers", "dataflow.convert", "dataflow.cli",
+                         "dataflow.loading", "dataflow.profiling", "trainer"),
     # text -> ids: used by tokenize, convert, decode and the CLI, and knows none of them
     "dataflow/tokenizers": ("dataflow.preprocess", "dataflow.convert", "dataflow.cli", "dataflow.loading",
                             "dataflow.profiling", "trainer"),

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataflow.preprocess.readers import jsonl
+from dataflow.sources import jsonl
 
 TRICKY = [
     b'{"id": "a", "text": "plain"}',

@@ -20,7 +20,7 @@ from conftest import GPT2_JSON
 from dataflow.errors import InputError
 from dataflow.preprocess import startup
 from dataflow.preprocess.plan import plan_units
-from dataflow.preprocess.readers import cut_process, expand, read_bundles
+from dataflow.sources import cut_process, expand, read_bundles
 from dataflow.preprocess.run import TokenizeConfig, tokenize
 from test_tokenize_compressed import run, same_data
 

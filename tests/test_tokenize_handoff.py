@@ -15,7 +15,7 @@ import zstandard
 from conftest import GPT2_JSON
 from dataflow.tokenizers import hf_reference, load as tokenizers
 from dataflow.preprocess.plan import Unit, plan_units
-from dataflow.preprocess.readers import expand, read_unit_blocks
+from dataflow.sources import expand, read_unit_blocks
 from dataflow.preprocess.run import TokenizeConfig, tokenize
 from dataflow.preprocess.worker import UnitSpec, tokenize_bundle
 from dataflow.tokenizers.load import load_tokenizer

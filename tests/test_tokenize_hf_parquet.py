@@ -18,7 +18,7 @@ import pytest
 
 from dataflow.cli import main
 from dataflow.formats import remote
-from dataflow.preprocess.readers import parquet
+from dataflow.sources import parquet
 from tests import hf_stub
 from tests.test_tokenize_datasets_folder import texts, token_ids
 
@@ -181,7 +181,7 @@ def test_hf_without_huggingface_hub_is_one_line_saying_what_to_install(tmp_path,
 def test_an_unreachable_hub_is_one_line_whatever_the_client_raises(tmp_path, monkeypatch, capsys):
     """huggingface_hub talks to the Hub through httpx, whose errors are not OSErrors: no network is still one
     line naming the URL and what to check, not a traceback."""
-    from dataflow.preprocess.readers import listing
+    from dataflow.sources import listing
 
     class ConnectError(Exception):  # httpx's name for a refused or unresolvable host
         pass

@@ -16,7 +16,7 @@ import pytest
 
 from dataflow.cli import main
 from dataflow.formats import remote
-from dataflow.preprocess.readers import parquet
+from dataflow.sources import parquet
 from tests.http_files import _Files, serve
 from tests.test_tokenize_text_inputs import documents as decoded
 

@@ -23,7 +23,7 @@ import zstandard
 
 from dataflow.cli import main
 from dataflow.errors import InputError
-from dataflow.preprocess.readers.compressed import decompressed, read_errors
+from dataflow.sources.compressed import decompressed, read_errors
 
 COMPRESS = {".zst": lambda b: zstandard.ZstdCompressor(level=3).compress(b), ".gz": gzip.compress,
             ".bz2": bz2.compress, ".xz": lambda b: lzma.compress(b, preset=1)}

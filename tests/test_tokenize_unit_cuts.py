@@ -20,7 +20,7 @@ import pytest
 import zstandard
 
 from dataflow.preprocess.plan import Unit, plan_units
-from dataflow.preprocess.readers import jsonl, pieces, read_unit_blocks
+from dataflow.sources import jsonl, pieces, read_unit_blocks
 
 UNIT_SIZES = [1, 2, 3, 5, 8, 13, 64, 257]
 

@@ -21,7 +21,7 @@ from test_tokenize_handoff import local_and_ray_shards
 from test_tokenize_scale import dataset_bytes
 
 FILES = 4
-pieces_module = importlib.import_module("dataflow.preprocess.readers.pieces")  # (the package's `pieces` is
+pieces_module = importlib.import_module("dataflow.sources.pieces")  # (the package's `pieces` is
 # the function of that name)
 
 

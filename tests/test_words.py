@@ -17,9 +17,9 @@ ALLOWED = {
     # argument everywhere; `reset_window` is StarvationMonitor's deprecated name of reset_interval
     "window": (("dataflow/loading/shuffle.py", "dataflow/loading/index.py", "dataflow/loading/reader.py",
                 "dataflow/loading/dataset.py"), ("shuffle_window", "reset_window")),
-    # tokenize's input blocks; the POSIX tar 512-byte block; the model's transformer blocks (nanoGPT's word);
+    # tokenize's input blocks (its readers, dataflow/sources/, and the pipeline); the POSIX tar 512-byte block; the model's transformer blocks (nanoGPT's word);
     # POSIX's signal mask operation, spelled by the standard library
-    "block": (("dataflow/preprocess/", "dataflow/formats/tar.py", "trainer/model.py", "trainer/parallelize.py"),
+    "block": (("dataflow/preprocess/", "dataflow/sources/", "dataflow/formats/tar.py", "trainer/model.py", "trainer/parallelize.py"),
               ("SIG_BLOCK",)),
 }
 

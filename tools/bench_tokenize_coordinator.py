@@ -119,7 +119,7 @@ def decompression_ceiling(path: str, piece_bytes: int = 32 << 20) -> float:
     coordinator does for a local pool (CPU time; each file deleted at once, as its worker would)."""
     import tempfile
 
-    from dataflow.preprocess.readers import pieces
+    from dataflow.sources import pieces
     from dataflow.preprocess.plan import plan_units
 
     unit = plan_units([path], piece_bytes)[0]

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from dataflow.errors import InputError
 from dataflow.preprocess.journal import Progress, save_progress, save_seconds
-from dataflow.preprocess.readers.records import Unit
+from dataflow.sources.records import Unit
 from dataflow.preprocess.worker import BundleResult
 
 CLAIM_AHEAD = 64  # shard numbers claimed past the next bundle's: one extra journal save per 64 shards

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 from dataflow.errors import ConfigError
 from dataflow.lifetime import die_with_parent
 from dataflow.threads import Ahead
-from dataflow.preprocess.readers.records import Unit
+from dataflow.sources.records import Unit
 from dataflow.preprocess.worker import BundleResult, UnitSpec, tokenize_bundle, worker_tokenizer
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import fsspec
 
-from dataflow.preprocess.readers import input_kind, parquet, spans, splits_into_pieces
-from dataflow.preprocess.readers.records import Unit
+from dataflow.sources import input_kind, parquet, spans, splits_into_pieces
+from dataflow.sources.records import Unit
 
 DEFAULT_UNIT_BYTES = 32 * 1024 * 1024
 

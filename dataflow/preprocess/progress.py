@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
-from dataflow.preprocess.readers import splits_into_pieces
-from dataflow.preprocess.readers.records import Unit
+from dataflow.sources import splits_into_pieces
+from dataflow.sources.records import Unit
 
 GUESSED_RATIO = 4.0  # decompressed / compressed bytes of JSONL text before a piece says otherwise
 

@@ -41,7 +41,7 @@ from dataflow.preprocess.journal import Progress, load_progress
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
 from dataflow.preprocess.progress import InputProgress
-from dataflow.preprocess.readers import Reading, expand_inputs, read_bundles, workers_read_whole
+from dataflow.sources import Reading, expand_inputs, read_bundles, workers_read_whole
 from dataflow.tokenizers.load import Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
 

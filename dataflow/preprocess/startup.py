@@ -24,9 +24,9 @@ from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save
 from dataflow.preprocess import output
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, bundle_units, file_sizes, plan_units
-from dataflow.preprocess.readers.pieces import splits_into_pieces
-from dataflow.preprocess.readers import first_record_fields, read_unit_blocks
-from dataflow.preprocess.readers.records import Unit
+from dataflow.sources.pieces import splits_into_pieces
+from dataflow.sources import first_record_fields, read_unit_blocks
+from dataflow.sources.records import Unit
 from dataflow.tokenizers.load import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
 

@@ -24,11 +24,11 @@ import pyarrow.compute as pc
 from dataflow.formats.manifest import ShardInfo, TokenizerMeta
 from dataflow.formats.writer import DocIds, ShardWriter
 from dataflow.formats import arrays
-from dataflow.preprocess.readers import Block, compressed_file, pieces, read_unit_blocks
+from dataflow.sources import Block, compressed_file, pieces, read_unit_blocks
 from dataflow.tokenizers.flat import append_eos, string_buffers
 from dataflow.preprocess.output import upload_shards
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
-from dataflow.preprocess.readers.records import Unit
+from dataflow.sources.records import Unit
 from dataflow.tokenizers.load import Tokenizer, load_tokenizer
 
 

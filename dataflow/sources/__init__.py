@@ -20,16 +20,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from dataflow.preprocess.readers import datasets_folder, jsonl, parquet, text
-from dataflow.preprocess.readers.compressed import read_errors
-from dataflow.preprocess.readers.cut_process import Reading, read_bundles
-from dataflow.preprocess.readers.listing import expand_inputs, input_kind, split_compression
-from dataflow.preprocess.readers.pieces import (compressed_file, expand, pieces, splits_into_pieces,
+from dataflow.sources import datasets_folder, jsonl, parquet, text
+from dataflow.sources.compressed import read_errors
+from dataflow.sources.cut_process import Reading, read_bundles
+from dataflow.sources.listing import expand_inputs, input_kind, split_compression
+from dataflow.sources.pieces import (compressed_file, expand, pieces, splits_into_pieces,
                                                 workers_read_whole)
-from dataflow.preprocess.readers.records import BLOCK_BYTES, Block, Span
+from dataflow.sources.records import BLOCK_BYTES, Block, Span
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.readers.records import Unit
+    from dataflow.sources.records import Unit
 
 __all__ = ["Block", "Reading", "Span", "compressed_file", "expand", "expand_inputs", "first_record_fields", "input_kind",
            "pieces", "read_bundles", "read_unit_blocks", "spans", "split_compression", "splits_into_pieces",

@@ -30,7 +30,7 @@ from dataflow.debug import cause
 from dataflow.errors import InputError
 from dataflow.formats import remote
 from dataflow.formats.remote_errors import explain, first_line, read_failed
-from dataflow.preprocess.readers.listing import split_compression
+from dataflow.sources.listing import split_compression
 
 ZSTD_MAGIC = 0xFD2FB528
 SKIPPABLE_MAGICS = range(0x184D2A50, 0x184D2A60)

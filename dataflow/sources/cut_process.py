@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 from dataflow.errors import DataflowError, InputError
 from dataflow.lifetime import die_with_parent
-from dataflow.preprocess.readers.pieces import compressed_file, expand
+from dataflow.sources.pieces import compressed_file, expand
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.readers.records import Unit
+    from dataflow.sources.records import Unit
 
 POLL_S = 0.2  # how often a consumer waiting for the next bundle checks that the cutting process lives
 

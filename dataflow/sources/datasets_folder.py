@@ -19,11 +19,11 @@ import pyarrow as pa
 
 from dataflow.errors import ConfigError, InputError
 from dataflow.formats.remote_errors import first_line
-from dataflow.preprocess.readers.parquet import table_blocks
-from dataflow.preprocess.readers.records import Block, Span
+from dataflow.sources.parquet import table_blocks
+from dataflow.sources.records import Block, Span
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.readers.records import Unit
+    from dataflow.sources.records import Unit
 
 STATE = "state.json"
 DICT = "dataset_dict.json"

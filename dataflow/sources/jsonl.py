@@ -24,13 +24,13 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from dataflow.preprocess.readers.compressed import open_decompressed
-from dataflow.preprocess.readers.listing import split_compression
-from dataflow.preprocess.readers.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
+from dataflow.sources.compressed import open_decompressed
+from dataflow.sources.listing import split_compression
+from dataflow.sources.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
                                                  id_text, not_text)
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.readers.records import Unit
+    from dataflow.sources.records import Unit
 
 LINE_TAIL = 1 << 16  # bytes read past a unit's end at a time, to find where its last line ends
 _JSON_WHITESPACE = np.array([9, 10, 13, 32], dtype=np.uint8)  # what a blank line may hold

@@ -21,7 +21,7 @@ from dataflow.debug import cause
 from dataflow.errors import ConfigError, DataflowError, InputError, InputNotFoundError, MissingDependencyError
 from dataflow.formats import remote
 from dataflow.formats.remote_errors import explain, first_line, missing_backend, read_failed
-from dataflow.preprocess.readers import datasets_folder, not_inputs
+from dataflow.sources import datasets_folder, not_inputs
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)

@@ -37,13 +37,13 @@ from dataflow.debug import cause
 from dataflow.errors import DataflowError, InputError
 from dataflow.formats import arrays, remote
 from dataflow.formats.remote_errors import explain, first_line, read_failed
-from dataflow.preprocess.readers.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
+from dataflow.sources.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
                                                  id_text, missing_errors, not_text)
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-    from dataflow.preprocess.readers.records import Unit
+    from dataflow.sources.records import Unit
 
 MAX_OPEN_FILES = 4  # Parquet files a worker keeps open (each: one handle and its parsed footer)
 FOOTER_THREADS = 16  # footers the coordinator reads at once while planning

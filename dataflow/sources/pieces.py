@@ -26,11 +26,11 @@ from typing import IO, TYPE_CHECKING, Iterable, Iterator
 
 import fsspec
 
-from dataflow.preprocess.readers.compressed import decompressed, read_errors
-from dataflow.preprocess.readers.listing import split_compression
+from dataflow.sources.compressed import decompressed, read_errors
+from dataflow.sources.listing import split_compression
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.readers.records import Unit
+    from dataflow.sources.records import Unit
 
 READ_SIZE = 8 << 20  # compressed bytes per read of the source
 SLACK = 1 << 20  # decompressed bytes read past a piece's boundary, to find the end of its line

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from dataflow.preprocess.readers.compressed import open_decompressed
-from dataflow.preprocess.readers.records import Block, Record, block_of
+from dataflow.sources.compressed import open_decompressed
+from dataflow.sources.records import Block, Record, block_of
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.readers.records import Unit
+    from dataflow.sources.records import Unit
 
 
 def unit_blocks(unit: "Unit", text_field: str, id_field: str) -> Iterator[Block]:
