@@ -256,8 +256,7 @@ class ArrowShard:
             col, ids = rb.column(0), rb.column(1)
             if col.null_count or ids.null_count or col.values.null_count:
                 raise FormatError(f"{self.name}: record batch {i} holds null documents, ids or tokens")
-            offsets = col.offsets.to_numpy()
-            values = col.values.to_numpy(zero_copy_only=True)
+            offsets, values = _view(col.offsets), _view(col.values)
         except (pa.ArrowException, OSError) as e:
             raise FormatError(f"{self.name}: record batch {i} is unreadable ({_one_line(e)})") from None
         if offsets[0] != 0:  # a sliced array: rebase
@@ -271,6 +270,21 @@ class ArrowShard:
             values, offsets, ids = self.batch(i)
             for j, doc_id in enumerate(ids.to_pylist()):
                 yield doc_id, values[offsets[j]:offsets[j + 1]]
+
+
+_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.uint16(): np.uint16, pa.uint32(): np.uint32}
+
+
+def _view(array: pa.Array) -> np.ndarray:
+    """A zero-copy numpy view of a primitive Arrow array without nulls, from its buffer: `to_numpy` imports
+    pandas on first use when it is installed (1-2 s in each loader process's first batch)."""
+    if array.type not in _DTYPES:  # written by another tool: Arrow's way
+        return array.to_numpy(zero_copy_only=True)
+    dtype = np.dtype(_DTYPES[array.type])
+    data = array.buffers()[1]
+    if data is None or not len(array):
+        return np.zeros(0, dtype)
+    return np.frombuffer(data, dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
 def _count(x: object) -> bool:
