@@ -70,6 +70,13 @@ def test_the_fleet_view_names_the_rank_that_waits_and_its_stage(small_shards, tm
     assert main(["profile", "--fleet", str(run)]) == 0
     text = capsys.readouterr().out
     assert f"STRAGGLER rank 1 on {r1['host']}: data wait" in text and f"slowest stage {r1['slowest_stage']}" in text
+    trace, png = tmp_path / "fleet.json", tmp_path / "fleet.png"
+    assert main(["profile", "--fleet", str(run), "--trace", str(trace), "--plot", str(png)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert names == {1: f"rank 0 on {r0['host']}", 2: f"rank 1 on {r1['host']}"}  # a track per rank
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {1, 2}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_without_run_dir_nothing_is_written_and_a_folder_without_ranks_is_one_line(tmp_path, capsys):

@@ -20,14 +20,15 @@ from dataflow.profiling.stragglers import STRAGGLER_K, STRAGGLER_MIN_SHARE, stra
 
 
 
-def read_ranks(run_dir: str) -> list[dict[str, Any]]:
-    """Each rank's header and intervals (a line cut short by a kill is skipped)."""
+def read_intervals(run_dir: str) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Each rank's header and interval records, by rank (a line cut short by a kill is skipped; a rank
+    that restarted counts from its latest start)."""
     if not os.path.isdir(run_dir):
         raise ConfigError(f"{run_dir}: no such folder; pass the run_dir given to StarvationMonitor")
     files = sorted(glob.glob(os.path.join(run_dir, "rank-*.jsonl")))
     if not files:
         raise ConfigError(f"{run_dir}: holds no rank-R.jsonl file; pass the run_dir given to StarvationMonitor")
-    ranks = []
+    out = []
     for name in files:
         header, intervals = None, []
         with open(name, "rb") as f:
@@ -37,12 +38,17 @@ def read_ranks(run_dir: str) -> list[dict[str, Any]]:
                 except ValueError:
                     continue
                 if record.get("kind") == "rank":
-                    header, intervals = record, []  # a restarted rank: its latest run
+                    header, intervals = record, []
                 elif record.get("kind") == "interval" and header is not None:
                     intervals.append(record)
         if header is not None:
-            ranks.append(_rank_figures(header, intervals))
-    return sorted(ranks, key=lambda r: r["rank"])
+            out.append((header, intervals))
+    return sorted(out, key=lambda hi: hi[0]["rank"])
+
+
+def read_ranks(run_dir: str) -> list[dict[str, Any]]:
+    """Each rank's figures (`_rank_figures`), by rank."""
+    return [_rank_figures(h, i) for h, i in read_intervals(run_dir)]
 
 
 def _rank_figures(header: dict[str, Any], intervals: list[dict[str, Any]]) -> dict[str, Any]:

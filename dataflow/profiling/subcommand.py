@@ -39,7 +39,8 @@ def add_profile_parser(sub: Any, formatter_class: type = argparse.HelpFormatter)
     p.add_argument("--sweep", nargs="+", metavar="KEY=V,V", help="also try each combination, e.g. "
                    "--sweep num_workers=0,1,2 depth=1,2,4; recommends the cheapest below 1%% data wait")
     p.add_argument("--fleet", metavar="RUN_DIR", help="instead: every rank's figures that StarvationMonitor("
-                   "run_dir=RUN_DIR) wrote, in one view (wait share per rank and node, stragglers, the job's verdict)")
+                   "run_dir=RUN_DIR) wrote, in one view (wait share per rank and node, stragglers, the job's verdict); "
+                   "--trace: a track per rank, --plot: a heat map of wait by rank and time")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace / Perfetto JSON of the run")
     p.add_argument("--plot", metavar="FILE.png", help="write a figure (needs matplotlib: dataflow-lm[plot])")
@@ -126,6 +127,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
         from dataflow.profiling.fleet import fleet_report, format_fleet
 
         fleet = fleet_report(args.fleet)
+        if args.trace:
+            from dataflow.profiling.fleet_views import fleet_trace
+            from dataflow.profiling.trace import write_trace
+
+            fleet["trace"] = write_trace(args.trace, fleet_trace(args.fleet))
+        if args.plot:
+            from dataflow.profiling.fleet_views import fleet_plot
+
+            fleet["plot"] = fleet_plot(args.fleet, args.plot)
         print(json.dumps(fleet, indent=1) if args.json else format_fleet(fleet))
         return 0
     if args.step_ms is None and args.config is None:
