@@ -19,6 +19,9 @@ and the two one-file ratios use the medians (issue 20's bars; `make bench` uses 
     python tools/bench_tokenize.py --quick    # 30 MB
     python tools/bench_tokenize.py --corpus distinct --only raw_tokenizers,raw_gigatoken,dataflow
     python tools/bench_tokenize.py --mb 180 --corpus distinct --only raw_gigatoken,dataflow:auto --repeat 3
+
+`python tools/bench_tokenize.py families [--quick] [--families gpt2,llama3,...]` measures every tokenizer family
+instead: the whole command against its raw engine and raw `tokenizers` (tools/bench_tokenize_families.py).
 """
 
 from __future__ import annotations
@@ -124,6 +127,10 @@ def run_single_zst(work: str, workers: int, timeout: float, env: dict, cpus: set
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["families"]:
+        from tools import bench_tokenize_families
+
+        return bench_tokenize_families.main(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=float, default=100)
     p.add_argument("--work", default=None, help="default bench-out/tokenize-<MB>M")
