@@ -8,7 +8,6 @@ from typing import Iterator
 
 import numpy as np
 
-from dataflow.convert.outputs import local_path
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, TokenizerMeta, read_manifest
@@ -50,7 +49,7 @@ def local_inputs(paths: list[str], what: str) -> list[str]:
         if remote.is_remote(p):
             raise ConfigError(f"{p}: convert reads local {what}; download it first (e.g. with the "
                               f"fsspec/cloud CLI), then convert the local copy")
-    return [local_path(p) for p in paths]
+    return [remote.local_path(p) for p in paths]
 
 
 @dataclass

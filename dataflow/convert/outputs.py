@@ -28,11 +28,6 @@ KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", sta
          stat.S_IFSOCK: "a socket"}
 
 
-def local_path(path: str) -> str:
-    """`file://PATH` is PATH; any other path as given."""
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
 def refuse_existing(paths: list[str], overwrite: bool, folder: bool = False, stdout: bool = False) -> None:
     """Refuse an output that exists unless `overwrite`, and one that is not a regular file always (a folder is
     one only where the output is a `folder`). `stdout`: the command also takes `-` for its standard output."""
@@ -42,13 +37,13 @@ def refuse_existing(paths: list[str], overwrite: bool, folder: bool = False, std
                 raise ConfigError(f"{p} exists; pass --overwrite to replace it, or write elsewhere")
             continue
         try:
-            mode = os.stat(local_path(p)).st_mode
+            mode = os.stat(remote.local_path(p)).st_mode
         except OSError:
             continue  # not there (or under a file: the write says so)
         if stat.S_ISDIR(mode):
             if not folder:
                 raise ConfigError(f"-o {p}: is a folder; pass the path of the file to write")
-            if not os.listdir(local_path(p)):
+            if not os.listdir(remote.local_path(p)):
                 continue
         elif not stat.S_ISREG(mode):
             what = KINDS.get(stat.S_IFMT(mode), "not a file")
@@ -64,9 +59,9 @@ def refuse_overlap(inputs: list[str], outputs: list[str]) -> None:
     for out in outputs:
         if remote.is_remote(out):
             continue  # the inputs are local files
-        o = os.path.realpath(local_path(out))
+        o = os.path.realpath(remote.local_path(out))
         for src in inputs:
-            i = os.path.realpath(local_path(src))
+            i = os.path.realpath(remote.local_path(src))
             if os.path.commonpath([i, o]) in (i, o):
                 raise ConfigError(f"-o {out}: is, holds or lies inside the input {src}; write elsewhere")
 
@@ -77,7 +72,7 @@ def files(paths: list[str], overwrite: bool, stdout: bool = False) -> Iterator[l
     and rename). For URLs, paths in a staging folder, uploaded in order when the body succeeds."""
     refuse_existing(paths, overwrite, stdout=stdout)
     if not any(remote.is_remote(p) for p in paths):
-        yield [local_path(p) for p in paths]
+        yield [remote.local_path(p) for p in paths]
         return
     with upload.staged_files(paths) as staged:
         yield staged
@@ -92,7 +87,7 @@ def dataset_output(out: str, overwrite: bool) -> Iterator[str]:
         with upload.staged_dataset(out, overwrite) as tmp:
             yield tmp
         return
-    out = local_path(out)
+    out = remote.local_path(out)
     refuse_existing([out], overwrite, folder=True)
     if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, MANIFEST_NAME)):
         raise ConfigError(f"-o {out}: a folder that holds no dataset; --overwrite replaces a dataset, not other "
@@ -128,7 +123,7 @@ def write_error(e: OSError, out: str) -> DataflowError | None:
     """One line for an OSError about the output `out` (a read-only folder, a folder that is a file, a full
     disk); None for one about another file (an input's error stays the input's)."""
     full = e.errno in (errno.ENOSPC, errno.EDQUOT)  # a write's error: a file's name comes only with open's
-    if remote.is_remote(out) or not (_about(e, local_path(out)) or (full and not e.filename)):
+    if remote.is_remote(out) or not (_about(e, remote.local_path(out)) or (full and not e.filename)):
         return None
     if full:
         return DataflowError(f"-o {out}: the disk is full ({e.strerror}); free space, then rerun (what was at "
