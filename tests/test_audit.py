@@ -252,3 +252,39 @@ def test_batches_a_downstream_read_ahead_are_served_when_it_yields_them(kjv_data
     report = _read_ahead_run(kjv_data, tmp_path / "untold", deferred=False)  # the loader's own yield counts
     (finding,) = report["findings"]
     assert (finding["kind"], finding["start"], finding["stop"]) == ("duplicate", 40, 64)
+
+
+def test_epochs_of_a_cycling_loader_without_drop_last_are_each_judged(kjv_data, tmp_path):
+    def group(state=None):
+        out = []
+        for rank in range(2):
+            loader = StreamingDataLoader(StreamingDataset(kjv_data, seq_len=SEQ, rank=rank, world_size=2),
+                                         batch_size=BATCH, drop_last=False, cycle=True, audit=tmp_path)
+            if state is not None:
+                loader.load_state_dict(state)
+            out.append(loader)
+        return out
+
+    first = group()
+    per_epoch = len(first[0])
+    serve(first, per_epoch + per_epoch // 2)  # into the middle of epoch 1
+    state = first[0].state_dict()
+    serve(group(state), per_epoch)  # on into the middle of epoch 2
+    report = audit_folder(str(tmp_path))
+    assert report["clean"], report["findings"]
+    total = first[0].dataset.num_samples
+    e0, e1, e2 = report["datasets"][0]["by_epoch"]
+    assert e0["complete"] and e1["complete"] and not e2["complete"]
+    assert e0["dropped"] == e1["dropped"] == total % 2  # without drop_last only the ranks' remainder is left
+    assert e0["served"] == e1["served"] == total - total % 2
+
+
+def test_a_downstream_yielding_an_epochs_last_batches_after_the_loader_closed_it_is_audited(kjv_data, tmp_path):
+    loader = StreamingDataLoader(StreamingDataset(kjv_data, seq_len=8 * SEQ), batch_size=BATCH, audit=tmp_path)
+    yielded = loader.audit_on_yield()
+    pulled = list(loader)  # the whole epoch pulled ahead: the loader closes itself at its end
+    for _ in pulled:
+        yielded()  # ...then each batch reaches the user
+    loader.close()
+    report = audit_folder(str(tmp_path))
+    assert report["clean"] and report["datasets"][0]["by_epoch"][0]["complete"], report["findings"]

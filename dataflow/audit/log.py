@@ -142,6 +142,7 @@ class AuditLog:
             self._deferred.clear()
 
     def _record(self, w: dict[str, Any], k: int) -> None:
+        self._ended = False  # served after an `end`: the next close says where it stopped
         run = self._run
         if run is not None and run[0] is w and run[2] == k - 1:
             run[2] = k
@@ -189,13 +190,12 @@ class AuditLog:
                         "will report them missing", self.path, e)
 
     def close(self) -> None:
-        """A clean stop: the held records and an `end` record (where this session stood) are written;
-        batches handed to a downstream that never reached the user are not."""
+        """A clean stop: the held records and an `end` record (where the user stood) are written. Batches
+        a downstream holds stay pending (the loader closes at each epoch's end while they are yielded)."""
         self._end_run()
         if self._walk is not None:
             self._loader_at = _walk_end(self._walk, self.worker)
         self._walk = None
-        self.drop_pending()
         if self._ended:
             return
         self._ended = True
