@@ -288,3 +288,20 @@ def test_a_downstream_yielding_an_epochs_last_batches_after_the_loader_closed_it
     loader.close()
     report = audit_folder(str(tmp_path))
     assert report["clean"] and report["datasets"][0]["by_epoch"][0]["complete"], report["findings"]
+
+
+def test_set_epoch_before_each_epoch_is_no_resume_and_repeating_an_epoch_is_a_duplicate(kjv_data, tmp_path, capsys):
+    loader = StreamingDataLoader(StreamingDataset(kjv_data, seq_len=8 * SEQ), batch_size=BATCH, audit=tmp_path)
+    for epoch in range(2):  # the usual loop: set_epoch, then the epoch
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+    report = audit_folder(str(tmp_path))
+    assert report["clean"] and report["epochs"] == 2 and report["datasets"][0]["resumes"] == []
+    loader.set_epoch(1)  # epoch 1 once more
+    for _ in loader:
+        pass
+    code, out = audit_cli(tmp_path, capsys, "--json")
+    (finding,) = json.loads(out.out)["findings"]
+    assert code == 1 and (finding["kind"], finding["epoch"], finding["start"]) == ("duplicate", 1, 0)
+    assert finding["resume"]["via"] == "set_epoch"

@@ -102,8 +102,9 @@ class AuditLog:
         if self._walk is not None:
             self._loader_at = _walk_end(self._walk, self.worker)
         self._ended = False
-        if via is None:
-            via = "continue" if (plan.epoch, plan.consumed) == self._loader_at else "jump"
+        stayed = (plan.epoch, plan.consumed) == self._loader_at
+        if via is None or via == "set_epoch" and stayed:  # set_epoch(e) where the loader stands moves nothing
+            via = ("start" if self._walks == 0 else "continue") if stayed else "jump"
         self._walks += 1
         self._walk = {"plan": plan, "n": self._walks, "first": first_step, "every": step_every, "served": 0}
         if self._deferred is None or not self._deferred:
