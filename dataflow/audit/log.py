@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 import weakref
@@ -74,13 +75,15 @@ class AuditLog:
         self._walks = 0
         self._walk: dict[str, Any] | None = None  # the walk being served
         self._run: list[Any] | None = None  # [walk, first step, last step] recorded, not yet written
-        self._last_t = 0.0
+        self._last = 0.0  # time.monotonic() of the last step recorded
+        self._epoch_t = time.time() - time.monotonic()  # wall time = this + monotonic time
         self._flushed = time.monotonic()
         self._failed = False
         self._ended = False  # an `end` is the last record: nothing was served since
         self._position = (state["epoch"], state["consumed"])  # after the last step recorded
         self._loader_at = self._position  # where the loader's last walk stood (it may be ahead of the user)
         self._deferred: deque | None = None  # steps handed to a downstream, not yet yielded to the user
+        self._lock = threading.Lock()  # a downstream's thread records while the loader's steps
         self._open()
         self._lines.append(self._json(dict(self.header, t=time.time())))
         _LIVE.add(self)
@@ -99,33 +102,46 @@ class AuditLog:
         """Start serving `plan` (a `BatchPlan`) and return the walk's number; its steps are the batches
         first_step, first_step + step_every, ... `via`: how the loader got to the plan's position (None: by
         serving, or by a jump it did not see, told apart by where the last walk stood)."""
-        if self._walk is not None:
-            self._loader_at = _walk_end(self._walk, self.worker)
-        self._ended = False
-        stayed = (plan.epoch, plan.consumed) == self._loader_at
-        if via is None or via == "set_epoch" and stayed:  # set_epoch(e) where the loader stands moves nothing
-            via = ("start" if self._walks == 0 else "continue") if stayed else "jump"
-        self._walks += 1
-        self._walk = {"plan": plan, "n": self._walks, "first": first_step, "every": step_every, "served": 0}
-        if self._deferred is None or not self._deferred:
-            self._end_run()
-            self._position = (plan.epoch, plan.consumed)
-        self._lines.append(self._json({"kind": "walk", "session": self.header["session"], "walk": self._walks,
-                                       "t": time.time(), "epoch": plan.epoch, "consumed": plan.consumed,
-                                       "via": via, "state": self._state(plan.epoch, plan.consumed),
-                                       "layout": self.layout, "batches": plan.num_batches}))
-        return self._walks
+        with self._lock:
+            if self._walk is not None:
+                self._loader_at = _walk_end(self._walk, self.worker)
+            self._ended = False
+            stayed = (plan.epoch, plan.consumed) == self._loader_at
+            if via is None or via == "set_epoch" and stayed:  # set_epoch(e) where the loader stands moves nothing
+                via = ("start" if self._walks == 0 else "continue") if stayed else "jump"
+            self._walks += 1
+            self._walk = {"plan": plan, "n": self._walks, "first": first_step, "every": step_every, "served": 0}
+            if self._deferred is None or not self._deferred:
+                self._end_run()
+                self._position = (plan.epoch, plan.consumed)
+            self._lines.append(self._json({"kind": "walk", "session": self.header["session"], "walk": self._walks,
+                                           "t": time.time(), "epoch": plan.epoch, "consumed": plan.consumed,
+                                           "via": via, "state": self._state(plan.epoch, plan.consumed),
+                                           "layout": self.layout, "batches": plan.num_batches}))
+            return self._walks
 
     def step(self) -> None:
         """The walk's next batch is being handed on: to the user (recorded now), or to a downstream that
         reads ahead after `defer()` (recorded when it calls `yielded()`)."""
-        w = self._walk
-        k = w["served"]
-        w["served"] = k + 1
-        if self._deferred is not None:
-            self._deferred.append((w, k))
-        else:
-            self._record(w, k)
+        with self._lock:
+            w = self._walk
+            k = w["served"]
+            w["served"] = k + 1
+            run = self._run
+            if self._deferred is not None:
+                self._deferred.append((w, k))
+            elif run is not None and run[0] is w and run[2] == k - 1:  # the hot path: the run goes on
+                run[2] = k
+                self._last = now = time.monotonic()
+                if now - self._flushed >= FLUSH_S:
+                    self._flush()
+            else:
+                self._record(w, k)
+
+    @property
+    def deferred(self) -> bool:
+        """Whether steps are recorded when a downstream yields them (`defer`)."""
+        return self._deferred is not None
 
     def defer(self) -> None:
         """From now on a step is recorded at `yielded()`, called as the downstream yields it to the user."""
@@ -134,13 +150,15 @@ class AuditLog:
 
     def yielded(self) -> None:
         """The oldest batch handed to the downstream reached the user."""
-        if self._deferred:
-            self._record(*self._deferred.popleft())
+        with self._lock:
+            if self._deferred:
+                self._record(*self._deferred.popleft())
 
     def drop_pending(self) -> None:
         """Batches handed on but never yielded to the user (dropped read-ahead: a resume) are not served."""
-        if self._deferred:
-            self._deferred.clear()
+        with self._lock:
+            if self._deferred:
+                self._deferred.clear()
 
     def _record(self, w: dict[str, Any], k: int) -> None:
         self._ended = False  # served after an `end`: the next close says where it stopped
@@ -150,9 +168,9 @@ class AuditLog:
         else:
             self._end_run()
             self._run = [w, k, k]
-        self._last_t = time.time()
-        if time.monotonic() - self._flushed >= FLUSH_S:
-            self.flush()
+        self._last = now = time.monotonic()
+        if now - self._flushed >= FLUSH_S:
+            self._flush()
 
     def track(self, walk: int, items: Iterator[T]) -> Iterator[T]:
         """`items` of walk number `walk`, each recorded as a step as it is yielded; the walk ends with them."""
@@ -165,16 +183,22 @@ class AuditLog:
 
     def end_walk(self, walk: int) -> None:
         """Walk number `walk` stopped (its epoch's end, a break, an error): its run is written now."""
-        if self._walk is None or self._walk["n"] != walk:
-            return
-        self._loader_at = _walk_end(self._walk, self.worker)
-        self._walk = None
-        if not self._deferred:
-            self._end_run()
-            self.flush()
+        with self._lock:
+            if self._walk is None or self._walk["n"] != walk:
+                return
+            self._loader_at = _walk_end(self._walk, self.worker)
+            self._walk = None
+            if not self._deferred:
+                self._end_run()
+                self._flush()
 
     def flush(self) -> None:
         """Write what is held (one append); never raises."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        """`flush` under the lock already held."""
         self._end_run()
         self._flushed = time.monotonic()
         if not self._lines or self._failed:
@@ -193,17 +217,18 @@ class AuditLog:
     def close(self) -> None:
         """A clean stop: the held records and an `end` record (where the user stood) are written. Batches
         a downstream holds stay pending (the loader closes at each epoch's end while they are yielded)."""
-        self._end_run()
-        if self._walk is not None:
-            self._loader_at = _walk_end(self._walk, self.worker)
-        self._walk = None
-        if self._ended:
-            return
-        self._ended = True
-        epoch, consumed = self._position
-        self._lines.append(self._json({"kind": "end", "session": self.header["session"], "t": time.time(),
-                                       "epoch": epoch, "consumed": consumed, "state": self._state(epoch, consumed)}))
-        self.flush()
+        with self._lock:
+            self._end_run()
+            if self._walk is not None:
+                self._loader_at = _walk_end(self._walk, self.worker)
+            self._walk = None
+            if self._ended:
+                return
+            self._ended = True
+            epoch, consumed = self._position
+            self._lines.append(self._json({"kind": "end", "session": self.header["session"], "t": time.time(),
+                                           "epoch": epoch, "consumed": consumed, "state": self._state(epoch, consumed)}))
+            self._flush()
 
     # --- inside -------------------------------------------------------------------------------------
     def _end_run(self) -> None:
@@ -220,7 +245,7 @@ class AuditLog:
         self._position = (plan.epoch, at)
         record = {"kind": "steps", "session": self.header["session"], "walk": w["n"], "epoch": plan.epoch,
                   "layout": self.layout, "pos": [int(first[0]), int(last[-1]) + 1, stride], "steps": [b0, b1],
-                  "at": at, "state": self._state(plan.epoch, at), "t": self._last_t}
+                  "at": at, "state": self._state(plan.epoch, at), "t": self._epoch_t + self._last}
         if b1 + every >= plan.num_batches:  # the walk's last batch: the rest of the epoch is the drop-last tail
             record["tail"] = plan.consumed + plan.world * min(plan.num_batches * plan.batch_size,
                                                               plan.samples_per_rank)

@@ -353,8 +353,9 @@ class StreamingDataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next batch starts: resume with `load_state_dict` in a new process, any worker count.
-        The audit's records up to here are written first (a checkpoint of this state finds them on disk)."""
-        if self._audit is not None:
+        The audit's records up to here are written first (a checkpoint of this state finds them on disk;
+        not after `audit_on_yield()`: a downstream that asks at each batch would write a line each time)."""
+        if self._audit is not None and not self._audit.deferred:
             self._audit.flush()
         return self.dataset.cursor.state_dict()
 
