@@ -2,7 +2,8 @@
 
 KJV (tests/data) as byte tokens, replicated to --tokens, batches of --batch-size x (--seq-len + 1); each
 repeat runs one pass of --batches batches without the audit and one with it, in alternating order, and
-the overhead is the ratio of the median times. Also the audit's own cost per step (record + its share of
+the overhead is the ratio of the median times (wall, and the training process's CPU time, which a busy
+machine disturbs less). Also the audit's own cost per step (record + its share of
 the writes), timed alone, against the loader's time per batch.
 
     python tools/bench_audit.py                 # in-process and 2 workers
@@ -44,7 +45,7 @@ def prepare(folder: str, tokens: int) -> str:
     return out
 
 
-def one_pass(data: str, args: argparse.Namespace, audit: str | None) -> float:
+def one_pass(data: str, args: argparse.Namespace, audit: str | None) -> tuple[float, float]:
     from dataflow import StreamingDataLoader, StreamingDataset
 
     loader = StreamingDataLoader(StreamingDataset(data, seq_len=args.seq_len), batch_size=args.batch_size,
@@ -52,12 +53,12 @@ def one_pass(data: str, args: argparse.Namespace, audit: str | None) -> float:
     it = iter(loader)
     for _ in range(args.warmup):
         next(it)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(args.batches):
         next(it)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     loader.close()
-    return seconds
+    return seconds, cpu
 
 
 def step_cost(folder: str, steps: int = 200_000) -> float:
@@ -98,9 +99,11 @@ def main() -> None:
                 order = [None, os.path.join(tmp, f"audit-{workers}-{r}")]
                 for audit in (order if r % 2 == 0 else order[::-1]):
                     (plain if audit is None else audited).append(one_pass(data, args, audit))
-            a, b = statistics.median(plain), statistics.median(audited)
+            a, b = (statistics.median(p[0] for p in runs) for runs in (plain, audited))
+            ca, cb = (statistics.median(p[1] for p in runs) for runs in (plain, audited))
             print(json.dumps({"workers": workers, "batches": args.batches, "plain_s": round(a, 4),
                               "audit_s": round(b, 4), "overhead_pct": round(100 * (b - a) / a, 2),
+                              "main_cpu_overhead_pct": round(100 * (cb - ca) / ca, 2),
                               "batch_ms": round(1e3 * a / args.batches, 3),
                               "audit_share_pct": round(100 * per_step / (a / args.batches), 3)}))
 
