@@ -35,7 +35,6 @@ def config(*sets: str):
     (["train.pipeline_parallel=2", "train.parallel=ddp"], 2, "need train.parallel = \"fsdp\" or \"hsdp\""),
     (["train.parallel=hsdp", "train.hsdp_replicas=3", "train.tensor_parallel=2"], 8,
      "train.hsdp_replicas = 3 does not divide the 4 data-parallel ranks"),
-    (["train.pipeline_parallel=2", "train.tensor_parallel=2"], 4, "is not available in this trainer yet"),
     (["train.pipeline_parallel=2", "data.doc_mask=true"], 4, "the stages pass hidden states only"),
     (["train.global_batch_tokens=100", "data.seq_len=32"], 1, "not a whole number of samples of data.seq_len = 32"),
     (["train.global_batch_tokens=96", "data.seq_len=32", "data.batch_size=2"], 2,
@@ -50,6 +49,7 @@ def test_an_impossible_layout_is_one_line(sets, world, said):
 def test_layouts_that_work():
     assert plan_layout(config(), 1) == Layout()
     assert plan_layout(config("train.pipeline_parallel=2"), 8) == Layout(2, 1, 4, 1)
+    assert plan_layout(config("train.pipeline_parallel=2", "train.tensor_parallel=2"), 8) == Layout(2, 1, 2, 2)
     assert plan_layout(config("train.parallel=ddp"), 4) == Layout(1, 4, 1, 1)
     assert plan_layout(config("train.tensor_parallel=2"), 4) == Layout(1, 1, 2, 2)
     # hsdp's replicas are the nodes; the shard group is what is left of a node after tensor parallelism
@@ -183,11 +183,11 @@ def test_the_70b_config_lays_out_as_its_comments_say():
     with torch.device("meta"):
         assert GPT(cfg.model, 50257, cfg.data.seq_len).num_params() == 64_837_918_720
     layout = plan_layout(cfg, 128, 8)  # 16 nodes of 8 GPUs
-    assert layout == Layout(pp=1, dp_replicate=4, dp_shard=4, tp=8, grad_accum=64)
+    assert layout == Layout(pp=4, dp_replicate=2, dp_shard=2, tp=8, grad_accum=256)
     check_vocab(layout, cfg.model, 50257)
-    assert 16 * 64_837_918_720 / (layout.tp * layout.dp_shard) < 33e9  # fp32 states per GPU
-    bigger = load_config(builtin_configs()["gpt-70b-3d"], ["data.path=unused", "train.hsdp_replicas=8"])
-    assert plan_layout(bigger, 256, 8) == Layout(1, 8, 4, 8, grad_accum=32)  # 32 nodes: the same global batch
+    assert 16 * 64_837_918_720 / (layout.tp * layout.pp * layout.dp_shard) < 16.3e9  # fp32 states per GPU
+    bigger = load_config(builtin_configs()["gpt-70b-3d"], ["data.path=unused", "train.hsdp_replicas=4"])
+    assert plan_layout(bigger, 256, 8) == Layout(4, 4, 2, 8, grad_accum=128)  # 32 nodes: the same global batch
 
 
 class _Stages:

@@ -59,3 +59,14 @@ def test_four_stages_match_one_process_with_the_tied_matrix_across_the_pipeline(
                      "train.pipeline_parallel=4", *deep), nproc=4)
     assert_close(losses(tmp_path / "pp4" / "metrics.jsonl"), losses(tmp_path / "one" / "metrics.jsonl"),
                  range(1, STEPS + 1))
+
+
+def test_three_dimensions_pp2_x_dp2_x_tp2_match_one_process(kjv_data, baseline, tmp_path):  # noqa: F811
+    """8 processes: stages of tensor-parallel groups, FSDP2 over 2 data-parallel ranks (the embedding's replicated
+    gradient is laid out as its row-split weight before the first and last stage sum it)."""
+    run_cli(settings(kjv_data, tmp_path, "data.batch_size=2", "train.parallel=fsdp", "train.pipeline_parallel=2",
+                     "train.tensor_parallel=2"), nproc=8, timeout=600)
+    assert_close(losses(tmp_path / "metrics.jsonl"), losses(baseline / "metrics.jsonl"), range(1, STEPS + 1))
+    first = records(tmp_path / "metrics.jsonl")[0]
+    assert {k: first[k] for k in ("pp", "dp_replicate", "dp_shard", "tp")} == \
+        {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 2}

@@ -120,9 +120,6 @@ def plan_layout(cfg: Config, world_size: int, local_world_size: int | None = Non
         raise ConfigError(f"{world_size} process(es) cannot be laid out as tp {tp} x pp {pp} x data parallel: start a "
                           f"multiple of {tp * pp} (torchrun --nproc-per-node), or change train.tensor_parallel / "
                           f"train.pipeline_parallel")
-    if pp > 1 and tp > 1:
-        raise ConfigError(f"train.pipeline_parallel = {pp} with train.tensor_parallel = {tp} is not available in this "
-                          f"trainer yet; use one of them with FSDP/HSDP over the data-parallel ranks")
     if pp > 1 and cfg.data.doc_mask:
         raise ConfigError(f"data.doc_mask = true with train.pipeline_parallel = {pp}: the stages pass hidden states "
                           f"only, not the documents' positions; set data.doc_mask = false or pipeline_parallel = 1")

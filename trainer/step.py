@@ -140,6 +140,16 @@ def clip_grads(model: torch.nn.Module, max_norm: float, pipeline: Any = None) ->
     return total
 
 
+def sum_tied_gradient(tied: torch.nn.Parameter, group: "dist.ProcessGroup") -> None:
+    """Sum the tied matrix's gradient over the first and last stage. Under tensor parallelism the embedding's own
+    gradient comes out replicated while its weight is split by rows: it is laid out as the weight first (a local
+    slice, no communication), so both stages add the same rows."""
+    grad = tied.grad
+    if hasattr(grad, "placements") and grad.placements != tied.placements:
+        grad = tied.grad = grad.redistribute(tied.device_mesh, tied.placements)
+    dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+
+
 def pipeline_step(run: Any, batches: Iterator[Any], mon: Any, stop: StopFlag) -> StepResult:
     """One optimizer step of a pipeline stage: the layout's micro-batches through the schedule (the first stage
     feeds the inputs, the last the labels and gets the losses, a stage between reads nothing), then the tied
@@ -160,8 +170,7 @@ def pipeline_step(run: Any, batches: Iterator[Any], mon: Any, stop: StopFlag) ->
     loss_sum = torch.stack([x.detach().float() for x in losses]).sum() if losses else \
         torch.zeros((), device=run.d.device)
     if p.tied_group is not None and p.tied is not None and p.tied.grad is not None:
-        grad = p.tied.grad
-        dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=p.tied_group)
+        sum_tied_gradient(p.tied, p.tied_group)
     return apply_step(run, loss_sum, stop, lr)
 
 
