@@ -305,3 +305,28 @@ def test_set_epoch_before_each_epoch_is_no_resume_and_repeating_an_epoch_is_a_du
     (finding,) = json.loads(out.out)["findings"]
     assert code == 1 and (finding["kind"], finding["epoch"], finding["start"]) == ("duplicate", 1, 0)
     assert finding["resume"]["via"] == "set_epoch"
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_device_prefetcher_reading_ahead_is_audited_as_its_user_takes_batches(kjv_data, tmp_path, told, monkeypatch):
+    """DevicePrefetcher holds `depth` batches ahead of the training loop: its checkpoint (its state_dict, the
+    position after the batch it last yielded) resumed on 2 ranks serves every sample once, because it tells the
+    loader's audit as each batch reaches the user. Without that hand-over, its read-ahead shows as duplicates."""
+    from dataflow import DevicePrefetcher
+
+    if not told:
+        monkeypatch.setattr(StreamingDataLoader, "audit_on_yield", lambda self: None)
+    prefetchers = [DevicePrefetcher(loader, device="cpu", depth=3) for loader in loaders(kjv_data, tmp_path, 2)]
+    iterators = [iter(p) for p in prefetchers]
+    for _ in range(5):
+        [next(it) for it in iterators]
+    state = prefetchers[0].state_dict()
+    for p in prefetchers:
+        p.close()
+        p.upstream.close()
+    serve(loaders(kjv_data, tmp_path, 2, state))
+    report = audit_folder(str(tmp_path))
+    if told:
+        assert report["clean"], report["findings"]
+    else:
+        assert [f["kind"] for f in report["findings"]] == ["duplicate"]

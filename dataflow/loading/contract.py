@@ -20,7 +20,7 @@ the main process and only `Cursor.follow` moves it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -96,6 +96,11 @@ class LendingLoader(Protocol):
 
     def reserve_held(self, batches: int) -> None:
         """Room for `batches` yielded batches held at once (taken when the ring is next made)."""
+        ...
+
+    def audit_on_yield(self) -> Callable[[], None] | None:
+        """For a consumer that reads ahead: a callable to call as each batch reaches the user, so the data-order
+        audit records it then, not when it was read ahead (None: the loader keeps no audit)."""
         ...
 
 

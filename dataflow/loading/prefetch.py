@@ -108,8 +108,10 @@ class DevicePrefetcher:
         if self._cuda and not torch.cuda.is_available():
             raise ConfigError(f"DevicePrefetcher(device={str(device)!r}): CUDA is not available here (torch "
                               f"{torch.__version__}, {torch.cuda.device_count()} GPUs visible); use device='cpu'")
+        self._yielded = None  # the upstream's audit, told as each batch reaches the user (not when read ahead)
         if isinstance(batches, LendingLoader):  # it sizes its `SlotRing` for what this queue holds
             batches.reserve_held(depth + 2)
+            self._yielded = batches.audit_on_yield()
             if pinned is None:
                 pinned = batches.pinned
         self.upstream, self.depth, self.pinned = batches, depth, bool(pinned)
@@ -251,6 +253,8 @@ class DevicePrefetcher:
                 self.stats.last_wait_s = wait
                 self.stats.waits.append(wait)
                 del item
+                if self._yielded is not None:
+                    self._yielded()
                 yield batch
         finally:
             if generation == self._generation:
