@@ -126,3 +126,13 @@ def test_tensor_parallel_ranks_with_different_batches_stop_in_one_line_naming_th
     assert said[0] == said[1] and "\n" not in said[0]
     assert said[0].startswith("step 7: tensor-parallel ranks 0, 1 must compute on one batch, but rank(s) 1 read "
                               "another than rank 0"), said[0]
+
+
+def test_a_dp2_x_tp2_checkpoint_resumes_at_dp4_x_tp1(kjv_data, baseline, dp2_tp2, tmp_path):
+    shutil.copytree(dp2_tp2 / "ck" / "step-000004", tmp_path / "ck" / "step-000004")
+    run_cli(settings(kjv_data, tmp_path, "data.batch_size=2", "train.parallel=fsdp"), nproc=4)
+    assert_close(losses(tmp_path / "metrics.jsonl"), losses(baseline / "metrics.jsonl"), range(5, STEPS + 1))
+    event = next(r for r in records(tmp_path / "metrics.jsonl") if r.get("event") == "resume")
+    assert "layout dp_shard 2 -> 4, tp 2 -> 1" in event["message"]
+    state = json.loads((tmp_path / "ck" / "step-000008" / "trainer_state.json").read_text())
+    assert state["loader"]["consumed"] == STEPS * 8
