@@ -35,6 +35,21 @@ MAX_COUNT = 2**53
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
+SPECIAL_TOKEN_RULES = ("text", "parse")
+
+
+@dataclass
+class Framing:
+    """How each stored document is framed (`dataflow tokenize`): the id put before its text (BOS, or None),
+    the id put after it (EOS, or None), and how special-token strings inside the text were encoded: "text"
+    (as the characters they are) or "parse" (as their ids). A manifest without it predates framing: no BOS,
+    EOS after each document unless its settings say `eos: false`, special-token strings as text."""
+
+    bos_id: int | None = None
+    eos_id: int | None = None
+    special_tokens: str = "text"
+
+
 @dataclass
 class TokenizerMeta:
     """What a reader needs to know about the tokenizer: ids, EOS, and where its file is."""
@@ -45,6 +60,11 @@ class TokenizerMeta:
     eos_id: int
     sha256: str | None = None  # of the tokenizer file; None for the built-in byte tokenizer
     file: str | None = None  # the copy inside the dataset folder, relative to it
+    framing: Framing | None = None  # None: a manifest of before framing was recorded (see Framing)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.framing, dict):  # as read from a manifest; keys added later are ignored
+            self.framing = Framing(**_known(Framing, self.framing))
 
     @property
     def dtype(self) -> str:
@@ -166,6 +186,8 @@ class Manifest:
             raise FormatError(f"{where}: tokenizer sha256 {t.sha256!r} is not a sha256 hex digest")
         if t.file is not None:
             check_relative_path(t.file, where, "tokenizer file")
+        if t.framing is not None:
+            _check_framing(t.framing, t.vocab_size, where)
         seen: dict[str, tuple[int, str]] = {}
         for i, s in enumerate(self.shards):
             check_relative_path(s.path, where)
@@ -178,6 +200,20 @@ class Manifest:
         for what in ("documents", "tokens", "bytes"):
             if getattr(self, what) > MAX_COUNT:
                 raise FormatError(f"{where}: its shards hold {getattr(self, what):,} {what} in all, more than 2^53")
+
+
+def _check_framing(f: Framing, vocab_size: int, where: str) -> None:
+    """A framing's ids are ids of the tokenizer (or none), its special-token rule one of SPECIAL_TOKEN_RULES."""
+    if not isinstance(f, Framing):
+        raise FormatError(f"{where}: tokenizer framing {f!r} is not an object of bos_id, eos_id, special_tokens")
+    for name in ("bos_id", "eos_id"):
+        value = getattr(f, name)
+        if value is not None and (not _count(value) or value >= vocab_size):
+            raise FormatError(f"{where}: tokenizer framing {name} {value!r} must be null or an id below vocab_size "
+                              f"{vocab_size}")
+    if f.special_tokens not in SPECIAL_TOKEN_RULES:
+        raise FormatError(f"{where}: tokenizer framing special_tokens {f.special_tokens!r} is not one of "
+                          f"{SPECIAL_TOKEN_RULES}")
 
 
 def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:

@@ -40,7 +40,19 @@ def add_tokenize_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> N
     t.add_argument("--seed", type=int, default=0, help="seed of the per-document train/val split")
     t.add_argument("--val-fraction", type=float, default=0.0, help="share of documents put in OUT/val "
                    "(0: one dataset in OUT, no split)")
-    t.add_argument("--no-eos", action="store_true", help="do not append EOS after each document")
+    t.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True, help="append the EOS after each "
+                   "document (default; --no-eos: documents run on unended); a post-processor template that ends in "
+                   "the EOS gets no second one")
+    t.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None, help="put the BOS before each "
+                   "document (default: as the tokenizer's post-processor frames a single sequence: Llama-3, "
+                   "Llama-2, Mistral yes; GPT-2, Qwen no)")
+    t.add_argument("--bos-token", default=None, metavar="TOKEN", help="the BOS's string (implies --bos; default: "
+                   "the post-processor's, else tokenizer_config.json's bos_token)")
+    t.add_argument("--eos-token", default=None, metavar="TOKEN", help="the EOS's string (default: the eos_token of "
+                   "the tokenizer_config.json beside the tokenizer.json, else the tokenizer's end-of-text token)")
+    t.add_argument("--special-tokens", default="text", choices=["text", "parse"], help="special-token strings "
+                   "inside documents (<|endoftext|>, <s>): text = encoded as the text they are (default: a document "
+                   "never injects a control token); parse = as their ids, as tokenizers' encode gives them")
     t.add_argument("--max-errors", type=int, default=100, help="bad records tolerated before failing")
     t.add_argument("--unit-size", default=None, help="input bytes per bundle of work, 64KB or more (JSONL is cut "
                    "into line-aligned pieces of this size, a compressed file as it is decompressed; default 32MB); "
@@ -76,7 +88,8 @@ def run_command(args: argparse.Namespace) -> int:
         inputs=args.inputs, out=args.out, tokenizer=tokenizer, engine=args.engine,
         text_field=args.text_field, id_field=args.id_field, format=args.format, compression=args.compression,
         zstd_level=args.zstd_level, shard_size=args.shard_size, workers=args.workers, seed=args.seed,
-        val_fraction=args.val_fraction, eos=not args.no_eos, max_errors=args.max_errors,
+        val_fraction=args.val_fraction, eos=args.eos, bos=args.bos,
+        bos_token=args.bos_token, eos_token=args.eos_token, special_tokens=args.special_tokens, max_errors=args.max_errors,
         unit_bytes=parse_size(args.unit_size) if args.unit_size else None, num_tasks=args.num_tasks,
         task_index=args.task_index, executor=args.executor,
         overwrite=args.overwrite, progress=not args.no_progress)

@@ -1,6 +1,6 @@
 """The settings of a `dataflow tokenize` run (`TokenizeConfig`): what they are, which of them change the
-output bytes (`output_settings`: a rerun must match them to resume), and the checks that refuse settings that
-cannot work."""
+output bytes (`output_settings`: a rerun must match them to resume), the checks that refuse settings that
+cannot work, and the framing of the documents they give with a tokenizer (`framing_of`)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,25 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
 from dataflow.debug import cause
 from dataflow.errors import ConfigError
 from dataflow.formats import remote
+from dataflow.formats.manifest import SPECIAL_TOKEN_RULES, Framing, TokenizerMeta
 from dataflow.formats.remote_errors import missing_backend
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size
 from dataflow.preprocess.executors import check_executor
 from dataflow.preprocess.journal import input_digest
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
+from dataflow.tokenizers.hf_reference import CONFIG_NAME
 from dataflow.tokenizers.tiktoken_files import split_spec, tiktoken_spec
+
+if TYPE_CHECKING:
+    from dataflow.tokenizers.base import Tokenizer
 
 MIN_UNIT_SIZE = 64 << 10  # --unit-size below this only multiplies units (a 1-byte unit per input byte)
 
@@ -43,7 +48,11 @@ class TokenizeConfig:
     executor: str = "local"
     seed: int = 0
     val_fraction: float = 0.0
-    eos: bool = True
+    eos: bool = True  # the EOS after each document (see config.framing_of)
+    bos: bool | None = None  # the BOS before it: None = as the tokenizer's post-processor frames a sequence
+    bos_token: str | None = None  # the BOS's string (default: the template's, else tokenizer_config.json's)
+    eos_token: str | None = None  # the EOS's string (default: tokenizer_config.json's, else the tokenizer's own)
+    special_tokens: str = "text"  # "text": special-token strings in documents encoded as text; "parse": as ids
     max_errors: int = 100
     unit_bytes: int | None = None  # input per bundle of work (None: DEFAULT_UNIT_BYTES); shards never span two
     num_tasks: int = 1
@@ -65,6 +74,10 @@ class TokenizeConfig:
         d["unit_bytes"] = self.unit_bytes or DEFAULT_UNIT_BYTES  # shards end where bundles end
         d["shard_size"] = parse_size(self.shard_size)
         d["tokenizer"] = tokenizer_identity(self.tokenizer)
+        d["bos"] = "template" if self.bos is None else self.bos
+        beside = config_identity(self.tokenizer)  # it may name the EOS: another one is other output
+        if beside is not None:
+            d["tokenizer_config"] = beside
         return json.loads(json.dumps(d))
 
     def check(self) -> None:
@@ -92,6 +105,19 @@ class TokenizeConfig:
             raise ConfigError(f"--unit-size: {self.unit_bytes:,} bytes is below the {MIN_UNIT_SIZE >> 10}KB minimum "
                               f"(smaller units only add overhead); pass a larger size, or leave it out")
         check_shard_size(self.shard_size, "--shard-size")
+        self._check_framing()
+
+    def _check_framing(self) -> None:
+        if self.special_tokens not in SPECIAL_TOKEN_RULES:
+            raise ConfigError(f"--special-tokens {self.special_tokens!r}: choose text (special-token strings in "
+                              "documents encoded as the text they are) or parse (as their ids)")
+        if self.bos is False and self.bos_token is not None:
+            raise ConfigError(f"--no-bos and --bos-token {self.bos_token} contradict each other; drop one")
+        if not self.eos and self.eos_token is not None:
+            raise ConfigError(f"--no-eos and --eos-token {self.eos_token} contradict each other; drop one")
+        for flag, token in (("--bos-token", self.bos_token), ("--eos-token", self.eos_token)):
+            if token is not None and not token:
+                raise ConfigError(f"{flag} is empty; pass the token's string (e.g. <|endoftext|>)")
 
 
 def output_location(out: str) -> str:
@@ -134,6 +160,23 @@ def tokenizer_identity(spec: str) -> str:
     return f"{prefix}sha256:{digest}" if digest else spec
 
 
+def config_identity(spec: str) -> str | None:
+    """`sha256:HEX` of the tokenizer_config.json beside a tokenizer.json (it names the BOS and EOS the documents
+    are framed with), None when there is none (or the tokenizer is no tokenizer.json)."""
+    if spec == "bytes" or spec.startswith("tiktoken:") or spec.startswith("sha256:"):
+        return None
+    path = spec.rsplit("/", 1)[0] + "/" + CONFIG_NAME if "/" in spec else CONFIG_NAME
+    stamp = None
+    if "://" not in path:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        stamp = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    digest = _content_sha256(path, stamp)
+    return f"sha256:{digest}" if digest else None
+
+
 @functools.lru_cache(maxsize=16)
 def _content_sha256(path: str, stamp: tuple | None) -> str | None:
     """sha256 of a file or URL (`stamp`: a local file's identity, so that a changed file is read again)."""
@@ -148,3 +191,65 @@ def _content_sha256(path: str, stamp: tuple | None) -> str | None:
         return None
     return h.hexdigest()
 
+# --- the framing of the documents -------------------------------------------------------------------
+# By default a document is framed as the tokenizer's post-processor frames a single sequence (Llama-3 and
+# Llama-2/Mistral: BOS first; GPT-2, Qwen: nothing), then the toolkit appends the EOS: --eos-token, else the
+# eos_token of the tokenizer_config.json beside the tokenizer.json, else the tokenizer's own end-of-text token.
+# A template that already ends in that EOS gets no second one. --bos/--no-bos, --eos/--no-eos and --bos-token
+# override. The framing is applied to the engine's ids (tokenizers/flat.py `frame`), so every engine gives the
+# same framed ids; the manifest records it (formats.manifest.Framing).
+
+
+def framing_of(cfg: TokenizeConfig, tok: Tokenizer) -> Framing:
+    """The framing of this run's documents: `cfg`'s flags over the tokenizer's own template and config."""
+    prefix, suffix = tok.template
+    eos_id = _eos(cfg, tok, suffix) if cfg.eos else None
+    return Framing(bos_id=_bos(cfg, tok, prefix), eos_id=eos_id, special_tokens=cfg.special_tokens)
+
+
+def framed_meta(meta: TokenizerMeta, framing: Framing) -> TokenizerMeta:
+    """The manifest's tokenizer entry of a framed dataset: its EOS is the one that ends the documents."""
+    return replace(meta, eos_id=meta.eos_id if framing.eos_id is None else framing.eos_id, framing=framing)
+
+
+def _bos(cfg: TokenizeConfig, tok: Tokenizer, prefix: tuple[int, ...]) -> int | None:
+    if cfg.bos is False:
+        return None
+    if cfg.bos_token is not None:
+        return _id_of(tok, cfg.bos_token, "--bos-token")
+    if len(prefix) == 1:
+        return prefix[0]
+    if len(prefix) > 1:
+        raise ConfigError(f"{tok.source}: its post-processor puts {len(prefix)} tokens {list(prefix)} before each "
+                          "sequence, not one BOS; pass --bos-token TOKEN to start documents with one, or --no-bos")
+    if cfg.bos is None:
+        return None
+    named = tok.config_tokens.get("bos_token")
+    if named is None:
+        raise ConfigError(f"--bos: the tokenizer {tok.meta.name} names no BOS (its post-processor adds none and no "
+                          "tokenizer_config.json beside it names a bos_token); pass --bos-token TOKEN")
+    return _id_of(tok, named, "tokenizer_config.json's bos_token")
+
+
+def _eos(cfg: TokenizeConfig, tok: Tokenizer, suffix: tuple[int, ...]) -> int:
+    if cfg.eos_token is not None:
+        eos = _id_of(tok, cfg.eos_token, "--eos-token")
+    elif "eos_token" in tok.config_tokens:
+        eos = _id_of(tok, tok.config_tokens["eos_token"], "tokenizer_config.json's eos_token")
+    else:
+        eos = tok.meta.eos_id
+    if suffix and suffix != (eos,):
+        raise ConfigError(f"{tok.source}: its post-processor puts {list(suffix)} after each sequence, which is not "
+                          f"the EOS {eos} the documents end with; pass --eos-token TOKEN to end them with the "
+                          "template's token, or --no-eos")
+    return eos
+
+
+def _id_of(tok: Tokenizer, token: str, where: str) -> int:
+    """The id of `token` (named by `where`); a ConfigError of one line when the tokenizer has no such token."""
+    found = tok.token_id(token)
+    if found is None or not 0 <= found < tok.meta.vocab_size:
+        raise ConfigError(f"{where} {token!r}: the tokenizer {tok.meta.name} has no such token; pass a token of its "
+                          "vocabulary or special tokens (e.g. its EOS, id "
+                          f"{tok.meta.eos_id})")
+    return int(found)

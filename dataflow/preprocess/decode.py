@@ -13,11 +13,12 @@ import tempfile
 from typing import Any, Iterator
 
 import fsspec
+import numpy as np
 
 from dataflow.debug import cause
 from dataflow.errors import FormatError, StorageError
 from dataflow.formats import remote
-from dataflow.formats.manifest import Manifest, TokenizerMeta
+from dataflow.formats.manifest import Framing, Manifest, TokenizerMeta
 from dataflow.formats.reader import ShardFiles, iter_documents
 from dataflow.formats.remote_errors import explain, server_error
 from dataflow.tokenizers.load import Tokenizer, tokenizer_for_dataset
@@ -28,8 +29,19 @@ def decode_documents(dataset: str, manifest: Manifest, files: ShardFiles | None 
     """Every document as {"id", "text"}, in stored order; `files`: where the shards are read from (default:
     in place, for a local folder)."""
     tok = dataset_tokenizer(dataset, manifest.tokenizer, storage_options)
+    framing = manifest.tokenizer.framing
     for doc_id, tokens in iter_documents(dataset, manifest, files=files):
-        yield {"id": doc_id, "text": tok.decode(tokens)}
+        yield {"id": doc_id, "text": tok.decode(tokens) if framing is None else tok.decode_all(unframed(tokens, framing))}
+
+
+def unframed(tokens: np.ndarray, framing: Framing) -> np.ndarray:
+    """A stored document's ids without the BOS and EOS its framing put around its text: any other special
+    token (a string parsed into its id, with --special-tokens parse) is text and stays. A manifest without a
+    framing (before it was recorded) decodes with its EOS dropped wherever it is (`Tokenizer.decode`)."""
+    lo = 1 if framing.bos_id is not None and len(tokens) and tokens[0] == framing.bos_id else 0
+    hi = len(tokens) - 1 if framing.eos_id is not None and len(tokens) > lo and tokens[-1] == framing.eos_id \
+        else len(tokens)
+    return tokens[lo:hi]
 
 
 def dataset_tokenizer(dataset: str, meta: TokenizerMeta, storage_options: dict[str, Any] | None = None) -> Tokenizer:

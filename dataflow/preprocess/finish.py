@@ -17,6 +17,7 @@ import fsspec
 from dataflow.errors import InputError
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, TokenizerMeta, read_manifest, write_manifest
 from dataflow.preprocess import output
+from dataflow.preprocess.config import framed_meta
 from dataflow.preprocess.journal import Progress
 from dataflow.preprocess.layout import Layout
 from dataflow.tokenizers.load import Tokenizer
@@ -28,14 +29,20 @@ if TYPE_CHECKING:
 
 
 def copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
-    """The tokenizer's file beside each split's manifest, and the metadata that names it."""
+    """The tokenizer's file beside each split's manifest, and the metadata that names it (with the framing of
+    the documents, which `startup.unit_spec` kept on `tok`)."""
     if not layout.remote:
-        return {split: tok.copy_into(layout.writer_dir(split)) for split in layout.splits}
-    meta = tok.copy_into(layout.work)
+        return {split: _framed(tok, tok.copy_into(layout.writer_dir(split))) for split in layout.splits}
+    meta = _framed(tok, tok.copy_into(layout.work))
     for split in layout.splits:
         if meta.file:
             output.put_file(os.path.join(layout.work, meta.file), output.join(layout.writer_dir(split), meta.file))
     return {split: meta for split in layout.splits}
+
+
+def _framed(tok: Tokenizer, meta: TokenizerMeta) -> TokenizerMeta:
+    framing = getattr(tok, "framing", None)
+    return meta if framing is None else framed_meta(meta, framing)
 
 
 def write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, metas: dict[str, TokenizerMeta],

@@ -19,7 +19,7 @@ from dataflow.errors import ConfigError
 from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import parse_size
-from dataflow.preprocess.config import tokenizer_identity
+from dataflow.preprocess.config import framed_meta, framing_of, tokenizer_identity
 from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
 from dataflow.preprocess import output
 from dataflow.preprocess.layout import Layout
@@ -33,6 +33,8 @@ from dataflow.preprocess.worker import UnitSpec
 if TYPE_CHECKING:
     from dataflow.preprocess.config import TokenizeConfig
 
+# What a run of before framing was recorded did, in today's settings: no BOS, no token named, specials as text.
+FRAMING_BEFORE = {"bos": False, "bos_token": None, "eos_token": None, "special_tokens": "text"}
 SAMPLE_BLOCK_BYTES = 1 << 18  # JSONL input per block when reading the input sample (its first ~128K characters)
 
 
@@ -78,6 +80,8 @@ def refuse_if_different(cfg: TokenizeConfig, plan: TaskPlan, previous: dict[str,
     previous = dict(previous or {})
     if isinstance(previous.get("tokenizer"), str):  # settings of before recorded the tokenizer's path
         previous["tokenizer"] = tokenizer_identity(previous["tokenizer"])
+    if previous and "special_tokens" not in previous:  # settings of before framing: no BOS, no token named
+        previous = {**FRAMING_BEFORE, **previous}
     if previous == now:
         return
     changed = sorted(k for k in set(now) | set(previous) if previous.get(k) != now.get(k))
@@ -202,12 +206,15 @@ def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CH
 
 
 def unit_spec(cfg: TokenizeConfig, layout: Layout, tok: Tokenizer, engine: str) -> UnitSpec:
-    """What every bundle's worker needs to know (the tokenizer named, not shipped)."""
-    return UnitSpec(cfg.tokenizer, engine, cfg.text_field, cfg.id_field, tok.meta.eos_id if cfg.eos else None,
-                    tok.meta, tuple(layout.splits), cfg.format, cfg.compression, parse_size(cfg.shard_size),
+    """What every bundle's worker needs to know (the tokenizer named, not shipped), the framing of the
+    documents included: decided here, once, and kept on `tok` for the manifests (`finish.copy_tokenizer`)."""
+    tok.framing = framing = framing_of(cfg, tok)
+    return UnitSpec(cfg.tokenizer, engine, cfg.text_field, cfg.id_field, framing.eos_id,
+                    framed_meta(tok.meta, framing), tuple(layout.splits), cfg.format, cfg.compression, parse_size(cfg.shard_size),
                     cfg.zstd_level, cfg.seed, cfg.val_fraction,
                     {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None,
-                    piece_bytes=cfg.unit_bytes or DEFAULT_UNIT_BYTES)
+                    piece_bytes=cfg.unit_bytes or DEFAULT_UNIT_BYTES, bos_id=framing.bos_id,
+                    special_tokens=framing.special_tokens)
 
 
 def start_or_resume(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journaled: Progress | None) -> Progress:

@@ -25,7 +25,7 @@ from dataflow.formats.manifest import ShardInfo, TokenizerMeta
 from dataflow.formats.writer import DocIds, ShardWriter
 from dataflow.formats import arrays
 from dataflow.sources import Block, compressed_file, pieces, read_unit_blocks
-from dataflow.tokenizers.flat import append_eos, string_buffers
+from dataflow.tokenizers.flat import frame, string_buffers
 from dataflow.preprocess.output import upload_shards
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
 from dataflow.sources.records import Unit
@@ -51,6 +51,8 @@ class UnitSpec:
     val_fraction: float = 0.0
     remote_dirs: dict[str, str] | None = None  # object-store output: each split's URL, where workers upload
     piece_bytes: int = DEFAULT_UNIT_BYTES  # how a compressed file sent whole is cut (as the coordinator would)
+    bos_id: int | None = None  # before each document (eos_id: after it); see config.framing_of
+    special_tokens: str = "text"  # special-token strings in documents: "text" or "parse" (as their ids)
 
 
 @dataclass
@@ -181,7 +183,7 @@ def _write_block(block: Block, k: int, first: int, unit: Unit, tok: Tokenizer, s
     texts = block.texts if keep is None else block.texts.filter(keep)
     ids = _with_default_ids(block, positions, unit)
     ids = ids if keep is None else ids.filter(keep)
-    values, offsets = append_eos(tok.encode_flat(texts), spec.eos_id, spec.meta.dtype)
+    values, offsets = frame(tok.encode_docs(texts, spec.special_tokens), spec.bos_id, spec.eos_id, spec.meta.dtype)
     result.text_bytes += int(string_buffers(texts)[0][-1])
     if spec.val_fraction > 0:
         to_val = np.array([in_val_split(d, spec.seed, spec.val_fraction) for d in ids.to_pylist()], dtype=bool)

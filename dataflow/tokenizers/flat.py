@@ -69,14 +69,42 @@ def split_flat(flat: Flat) -> list[np.ndarray]:
 
 def append_eos(flat: Flat, eos_id: int | None, dtype: str) -> Flat:
     """Values cast to `dtype` with `eos_id` after each document (none when eos_id is None)."""
+    return frame(flat, None, eos_id, dtype)
+
+
+def frame(flat: Flat, bos_id: int | None, eos_id: int | None, dtype: str) -> Flat:
+    """Values cast to `dtype`, each document with `bos_id` before it and `eos_id` after it (either None: none),
+    in a few whole-array numpy operations."""
     values, offsets = flat
-    if eos_id is None:
+    added = (bos_id is not None) + (eos_id is not None)
+    if not added:
         return values.astype(dtype, copy=False), offsets
     docs = len(offsets) - 1
-    new_offsets = offsets + np.arange(docs + 1, dtype=np.int64)
-    out = np.empty(values.size + docs, dtype=dtype)
-    is_eos = np.zeros(out.size, dtype=bool)
-    is_eos[new_offsets[1:] - 1] = True
-    out[is_eos] = eos_id
-    out[~is_eos] = values
+    new_offsets = offsets + added * np.arange(docs + 1, dtype=np.int64)
+    out = np.empty(values.size + added * docs, dtype=dtype)
+    is_text = np.ones(out.size, dtype=bool)
+    if bos_id is not None:
+        out[new_offsets[:-1]] = bos_id
+        is_text[new_offsets[:-1]] = False
+    if eos_id is not None:
+        out[new_offsets[1:] - 1] = eos_id
+        is_text[new_offsets[1:] - 1] = False
+    out[is_text] = values
     return out, new_offsets
+
+
+def replace_documents(flat: Flat, rows: np.ndarray, new: Flat) -> Flat:
+    """`flat` with the documents at `rows` (increasing indices) replaced by those of `new`, in order."""
+    values, offsets = flat
+    lengths = np.diff(offsets)
+    replaced = np.zeros(lengths.size, dtype=bool)
+    replaced[rows] = True
+    new_lengths = lengths.copy()
+    new_lengths[rows] = np.diff(new[1])
+    out_offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(new_lengths, out=out_offsets[1:])
+    out = np.empty(int(out_offsets[-1]), dtype=np.result_type(values.dtype, new[0].dtype))
+    from_new = np.repeat(replaced, new_lengths)
+    out[from_new] = new[0]
+    out[~from_new] = values[np.repeat(~replaced, lengths)]
+    return out, out_offsets

@@ -25,6 +25,8 @@ EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", 
 # is of files that passed the rule of its version.
 SPARSE_IDS_FREE = 1 << 17
 IDS_CHECKED = 1
+META_VERSION = 2  # 2: the post-processor's template is remembered too
+CONFIG_NAME = "tokenizer_config.json"  # beside a tokenizer.json: the BOS and EOS the model's authors name
 
 
 def load_reference(source: str, data: bytes, ids_checked: bool = False) -> Any:
@@ -87,25 +89,74 @@ def meta_of(tok: Any, source: str, sha256: str) -> TokenizerMeta:
                          eos_id=_find_eos(vocab, source), sha256=sha256)
 
 
-def recall_meta(source: str, sha256: str) -> TokenizerMeta | None:
-    """The entry `meta_of` gave for this file on this machine before, if it was remembered."""
+def template_of(tok: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids the file's post-processor puts before and after a single sequence (Llama-3: BOS before; GPT-2:
+    none), as `tokenizers` itself applies it to an encoded text."""
+    bare = tok.encode("a", add_special_tokens=False)
+    full = tok.post_process(bare, None, True)
+    ids, mask = full.ids, full.special_tokens_mask
+    before = next((i for i, m in enumerate(mask) if not m), len(ids))
+    after = before + len(bare.ids)
+    return tuple(ids[:before]), tuple(ids[after:])
+
+
+def config_tokens(source: str) -> dict[str, str]:
+    """`bos_token` and `eos_token` of the tokenizer_config.json beside the tokenizer file (a string, or an
+    added-token object with `content`); none when there is no such file. One ConfigError line for one that is
+    not JSON."""
+    import fsspec
+
+    path = source.rsplit("/", 1)[0] + "/" + CONFIG_NAME if "/" in source else CONFIG_NAME
+    try:
+        with fsspec.open(path, "rb") as f:
+            raw = f.read()
+    except (OSError, ValueError):  # none there (or no such folder): the tokenizer.json alone says
+        return {}
+    try:
+        d = json.loads(raw)
+    except ValueError as e:
+        raise ConfigError(f"{path}: not JSON ({e}); fix or remove it (it names the tokenizer's BOS and EOS), "
+                          "or pass --bos-token/--eos-token") from None
+    found = {}
+    for key in ("bos_token", "eos_token"):
+        value = d.get(key) if isinstance(d, dict) else None
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str) and value:
+            found[key] = value
+    return found
+
+
+def special_strings(data: bytes) -> list[str]:
+    """The strings of a tokenizer.json's special added tokens, longest first."""
+    obj = json.loads(data)
+    found = {t["content"] for t in obj.get("added_tokens") or [] if isinstance(t, dict) and t.get("special")
+             and isinstance(t.get("content"), str)}
+    return sorted(found, key=lambda t: (-len(t), t))
+
+
+def recall_meta(source: str, sha256: str) -> tuple[TokenizerMeta, tuple[tuple[int, ...], tuple[int, ...]]] | None:
+    """The entry `meta_of` and the template `template_of` gave for this file on this machine before, if they
+    were remembered."""
     try:
         with open(_meta_path(sha256)) as f:
             d = json.load(f)
         vocab_size, eos_id = d["vocab_size"], d["eos_id"]
+        template = tuple(tuple(int(i) for i in part) for part in d.get("template", [[], []]))
     except (OSError, ValueError, KeyError, TypeError, ImportError):
         return None
-    if not (type(vocab_size) is int and type(eos_id) is int and 0 <= eos_id < vocab_size):
+    if not (type(vocab_size) is int and type(eos_id) is int and 0 <= eos_id < vocab_size and len(template) == 2):
         return None
-    return TokenizerMeta(kind="hf", name=_name(source), vocab_size=vocab_size, eos_id=eos_id, sha256=sha256)
+    return (TokenizerMeta(kind="hf", name=_name(source), vocab_size=vocab_size, eos_id=eos_id, sha256=sha256),
+            template)
 
 
-def remember_meta(meta: TokenizerMeta) -> None:
+def remember_meta(meta: TokenizerMeta, template: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
     """Best effort: a read-only home only means the next run loads the reference before its workers start."""
     try:
         path = _meta_path(meta.sha256 or "")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_json_atomic(path, {"sha256": meta.sha256, "vocab_size": meta.vocab_size, "eos_id": meta.eos_id})
+        write_json_atomic(path, {"sha256": meta.sha256, "vocab_size": meta.vocab_size, "eos_id": meta.eos_id,
+                                 "template": [list(part) for part in template]})
     except (OSError, ImportError):
         pass
 
@@ -114,7 +165,7 @@ def _meta_path(sha256: str) -> str:
     import tokenizers
 
     return os.path.join(bpe_convert.proof_cache_dir(),
-                        f"{sha256}-ids{IDS_CHECKED}-tokenizers{tokenizers.__version__}.meta.json")
+                        f"{sha256}-ids{IDS_CHECKED}-meta{META_VERSION}-tokenizers{tokenizers.__version__}.meta.json")
 
 
 def _name(source: str) -> str:

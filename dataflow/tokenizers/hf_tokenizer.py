@@ -65,9 +65,13 @@ class HFTokenizer(Tokenizer):
         self._data = data  # kept for the reference, and for a new choice should the input sample refuse the engine
         self._sha256 = hashlib.sha256(data).hexdigest()
         self._hf = None  # `tokenizers` itself: see _reference_tokenizer
+        self._hf_parse = None  # `tokenizers` with special-token strings parsed (the "parse" rule), when needed
+        self._specials: list[str] | None = None
         self._forks_checked_by: int | None = None  # see share_check_with_forks
         self._gave_ids = False  # the engine is final once True
-        self.meta = hf_reference.recall_meta(source, self._sha256) if engine != "hf" else None
+        recalled = hf_reference.recall_meta(source, self._sha256) if engine != "hf" else None
+        self.meta, self.template = recalled or (None, ((), ()))
+        self.config_tokens = hf_reference.config_tokens(source)
         self._ids_checked = self.meta is not None  # see hf_reference.check_ids: before any engine sees the file
         if self.meta is None:
             self._reference_tokenizer()  # sets the metadata
@@ -94,14 +98,15 @@ class HFTokenizer(Tokenizer):
         with _LOAD_LOCK:
             if self._hf is None:
                 hf = hf_reference.load_reference(self.source, self._data, self._ids_checked)
-                meta = hf_reference.meta_of(hf, self.source, self._sha256)
-                known = None if self.meta is None else (self.meta.vocab_size, self.meta.eos_id)
-                if known != (meta.vocab_size, meta.eos_id):
+                meta, template = hf_reference.meta_of(hf, self.source, self._sha256), hf_reference.template_of(hf)
+                known = None if self.meta is None else (self.meta.vocab_size, self.meta.eos_id, self.template)
+                if known != (meta.vocab_size, meta.eos_id, template):
                     if known is not None:
                         log.warning("%s: the vocabulary size and EOS remembered on this machine were wrong %s; "
-                                    "using %d, %d", self.source, known, meta.vocab_size, meta.eos_id)
-                    self.meta = meta
-                    hf_reference.remember_meta(meta)
+                                    "using %d, %d%s", self.source, known[:2], meta.vocab_size, meta.eos_id,
+                                    "" if known[2] == template else f" (its template: {template}, not {known[2]})")
+                    self.meta, self.template = meta, template
+                    hf_reference.remember_meta(meta, template)
                 self._hf = hf
         return self._hf
 
@@ -193,6 +198,26 @@ class HFTokenizer(Tokenizer):
             return self._hf_lists([scrub(t) for t in texts], threads)
         return [e.ids for e in encs]
 
+    def special_strings(self) -> list[str]:
+        """The strings of the file's special added tokens (those `encode_special_tokens` governs)."""
+        if self._specials is None:
+            self._specials = hf_reference.special_strings(self._data)
+        return self._specials
+
+    def _encode_parsed(self, texts: list[str]) -> list[list[int]]:
+        with _LOAD_LOCK:
+            if self._hf_parse is None:
+                self._hf_parse = hf_reference.load_reference(self.source, self._data, True)
+                self._hf_parse.encode_special_tokens = False  # "<|endoftext|>" in a document is its id
+        with _sequential_tokenizers():
+            return [e.ids for e in self._hf_parse.encode_batch([scrub(t) for t in texts], add_special_tokens=False)]
+
+    def token_id(self, token: str) -> int | None:
+        return self._reference_tokenizer().token_to_id(token)
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = np.asarray(ids)
-        return self._reference_tokenizer().decode(arr[arr != self.meta.eos_id].tolist(), skip_special_tokens=False)
+        return self.decode_all(arr[arr != self.meta.eos_id])
+
+    def decode_all(self, ids: Sequence[int] | np.ndarray) -> str:
+        return self._reference_tokenizer().decode(np.asarray(ids).tolist(), skip_special_tokens=False)

@@ -57,7 +57,22 @@ class TiktokenTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = np.asarray(ids)
-        return self._engine.enc.decode(arr[arr != self.meta.eos_id].tolist())
+        return self.decode_all(arr[arr != self.meta.eos_id])
+
+    def decode_all(self, ids: Sequence[int] | np.ndarray) -> str:
+        return self._engine.enc.decode(np.asarray(ids).tolist())
+
+    def special_strings(self) -> list[str]:
+        return list(self._file.special_tokens)
+
+    def _encode_parsed(self, texts: list[str]) -> list[list[int]]:
+        return [self._engine.enc.encode(t, allowed_special="all") for t in texts]
+
+    def token_id(self, token: str) -> int | None:
+        try:
+            return self._engine.enc.encode_single_token(token)
+        except KeyError:
+            return None
 
 
 def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample: Sequence[str] = (),
