@@ -6,7 +6,7 @@ of 8, the first epoch. Measured:
 - time to first batch, cold (from making the dataset) and after a resume at half an epoch (fresh cache);
 - share of the link's token ceiling over the first epoch, start included (cap / compressed bytes per token);
 - bytes fetched (the proxy's count of bytes sent down), cold and after the resume, against the dataset's bytes;
-- GET requests; peak memory of the loader's process tree (RSS, polled).
+- GET requests; peak memory of the loader's process tree (RSS, polled); the cache's peak bytes on disk (polled).
 The baseline is measured in the same run: a plain boto3 download of every shard, one after another, through
 the same proxy (what the link gives one client), and, with `--baseline-src DIR` (a checkout of an older
 dataflow, e.g. `git worktree add /tmp/old HEAD~5`), the same cases on that code; ratios are printed.
@@ -135,6 +135,17 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
+def _folder_bytes(folder: str) -> int:
+    total = 0
+    for base, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.path.getsize(os.path.join(base, name))
+            except OSError:
+                pass
+    return total
+
+
 def child(spec: dict) -> dict:
     """One case, in this (fresh) process: cold epoch, then a resume at half an epoch on a fresh cache."""
     if spec.get("src"):
@@ -144,13 +155,15 @@ def child(spec: dict) -> dict:
     from dataflow import StreamingDataLoader, StreamingDataset
 
     opts = {"client_kwargs": {"endpoint_url": spec["endpoint"]}}
-    peak = [0]
+    peak, cache_peak = [0], [0]
     stop = threading.Event()
 
     def poll() -> None:
         while not stop.is_set():
             peak[0] = max(peak[0], _tree_rss(os.getpid()))
-            time.sleep(0.05)
+            for part in ("cold", "resumed"):  # two caches, one limit each
+                cache_peak[0] = max(cache_peak[0], _folder_bytes(os.path.join(spec["cache"], part)))
+            time.sleep(0.02)
 
     threading.Thread(target=poll, daemon=True).start()
 
@@ -187,7 +200,7 @@ def child(spec: dict) -> dict:
     resumed.close()
     stop.set()
     return {"open_s": opened, "first_s": first, "epoch_s": epoch_s, "tokens": tokens, "first_resumed_s": first_resumed,
-            "rest_batches": rest, "batches": n, "peak_rss": peak[0]}
+            "rest_batches": rest, "batches": n, "peak_rss": peak[0], "cache_peak": cache_peak[0]}
 
 
 def run_case(spec: dict, proxy: Proxy) -> dict:
@@ -264,7 +277,7 @@ def _bench(args: argparse.Namespace, tokens: int, work: str) -> None:
                 print(f"\n{latency:.0f} ms / {mbps:.0f} MB/s: ceiling {mbps * 1e6 / bpt / 1e6:.1f}M tokens/s; one "
                       f"client's GETs of every shard {raw:.2f} s ({data_bytes / raw / 1e6:.1f} MB/s)")
                 print(f"{'code':9} {'workers':>7} {'open s':>7} {'first s':>8} {'resumed s':>9} {'ceiling':>8} {'fetched':>8} "
-                      f"{'after resume':>12} {'GETs':>5} {'peak MB':>8}")
+                      f"{'after resume':>12} {'GETs':>5} {'peak MB':>8} {'cache MB':>8}")
                 results = {}
                 for workers in (int(w) for w in args.workers.split(",")):
                     for code, src in codes:
@@ -276,7 +289,7 @@ def _bench(args: argparse.Namespace, tokens: int, work: str) -> None:
                         share = r["tokens"] / r["epoch_s"] / (mbps * 1e6 / bpt)
                         print(f"{code:9} {workers:>7} {r['open_s']:>7.2f} {r['first_s']:>8.2f} {r['first_resumed_s']:>9.2f} {share:>8.2f} "
                               f"{r['fetched'] / data_bytes:>7.2f}x {r['fetched_resumed'] / data_bytes:>11.2f}x "
-                              f"{r['gets']:>5} {r['peak_rss'] / 1e6:>8.0f}")
+                              f"{r['gets']:>5} {r['peak_rss'] / 1e6:>8.0f} {r['cache_peak'] / 1e6:>8.0f}")
                         shutil.rmtree(spec["cache"], ignore_errors=True)
                     if ("baseline", workers) in results:
                         a, b = results[("dataflow", workers)], results[("baseline", workers)]

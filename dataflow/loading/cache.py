@@ -123,10 +123,13 @@ class Room:
         return f"{self.base}-{os.getpid()}-{threading.get_ident()}-{size}"
 
     def claim(self, size: int) -> bool:
-        """Claim `size` bytes (see `reserve`); False, holding nothing, when they do not fit."""
+        """Claim `size` bytes (see `reserve`); False, holding nothing, when they do not fit. True without a
+        claim when another process claimed this entry's room already (it is doing the work; never waited for)."""
         if self.limit is None:
             return True
-        self.fd = lock(self.base + ".dl", fcntl.LOCK_EX)
+        self.fd = lock(self.base + ".dl", fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if self.fd is None:
+            return True
         if not reserve(self.cache_dir, self.limit, self._name(size), size):
             self.free()
             return False

@@ -29,8 +29,10 @@ class _Corrupt(Exception):
 
 
 def download_verified(fs: Any, rpath: str, path: str, shard: ShardInfo, url: str, retries: int, dataset: str,
-                      disk_full: Callable[[OSError], BaseException]) -> None:
-    """`fs:rpath` into `path` (the cache entry), whole and verified, stamped as such, or an error."""
+                      disk_full: Callable[[OSError], BaseException], done: Callable[[], None] = lambda: None) -> None:
+    """`fs:rpath` into `path` (the cache entry), whole and verified, stamped as such, or an error. `done()` is
+    called once it is in place, before its stamp makes it visible to readers (so a count of downloads is never
+    behind what a reader sees)."""
     tmp = cache.part_path(path, shard.bytes)
     floor = remote.ProgressFloor(url)  # one per shard: it warns once, whatever the attempts
     for attempt in range(1, retries + 1):
@@ -52,6 +54,7 @@ def download_verified(fs: Any, rpath: str, path: str, shard: ShardInfo, url: str
         except Exception as e:
             _retry_or_raise(url, e, attempt, retries, dataset)
         else:
+            done()
             cache.stamp(path)  # the download is in place: only its stamp is left to write
             return
         finally:

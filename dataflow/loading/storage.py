@@ -219,15 +219,8 @@ class Storage:
     def _wake(self) -> None:
         self._ahead.wake()
 
-    @property
-    def _pool(self) -> Any:
-        """The fetch-ahead's thread pool (None when it has none)."""
-        return self._ahead._pool
-
-    @property
-    def _held(self) -> dict[str, list[int]]:
-        """The entries held here (for the tests of teardown)."""
-        return self._holds._held
+    _pool = property(lambda self: self._ahead._pool, doc="The fetch-ahead's thread pool (None when it has none).")
+    _held = property(lambda self: self._holds._held, doc="The entries held here: path -> [fd, refcount, bytes].")
 
     # --- internals --------------------------------------------------------------------------------
     def _entry(self, shard: ShardInfo) -> str:
@@ -340,7 +333,9 @@ class Storage:
     def _download(self, shard: ShardInfo, path: str) -> None:
         fs, rroot = self._filesystem()
         download_verified(fs, remote.shard_url(rroot, shard.path), path, shard, self.url(shard),
-                          self.retries, self.root, lambda e: self._full(shard, e))
+                          self.retries, self.root, lambda e: self._full(shard, e), done=self._downloaded)
+
+    def _downloaded(self) -> None:
         with self._mu:
             self.downloads += 1
 
