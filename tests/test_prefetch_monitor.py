@@ -138,3 +138,4 @@ def test_gpu_check_script_runs_dry_on_the_cpu(tmp_path):
                         str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "loader workers=2: wait" in p.stdout and "starvation:" in p.stdout
+    assert "tp 1 weights equal" in p.stdout  # the tensor-parallel path, through the trainer's own code

@@ -41,7 +41,7 @@ def step_memory_bytes(cfg: Config, gpt: GPT, world_size: int) -> int:
     states = 16 * gpt.num_params() // shards
     act_bytes = 2 if cfg.train.precision == "bf16" else 4
     activations = B * T * c.d_model * c.n_layer * 16 * act_bytes
-    logits = 3 * B * T * gpt.tok_emb.weight.shape[0] * 4  # logits, their fp32 copy for the loss, the gradient
+    logits = 3 * B * T * gpt.padded_vocab * 4  # logits, their fp32 copy for the loss, the gradient
     attention = B * c.n_head * T * T * 4 * c.n_layer if cfg.data.doc_mask else 0  # a mask: no fused kernel
     return states + activations + logits + attention
 
