@@ -235,3 +235,17 @@ def test_bytes_frames_with_its_eos_and_has_no_bos(tmp_path, capsys):
     rc, _ = tokenize(tmp_path, TEXTS[:2], "bytes", "--bos", out="b2")
     assert rc == 2 and "--bos-token" in capsys.readouterr().err
     shutil.rmtree(dest)
+
+
+def test_task_slices_and_their_merge_keep_the_framing(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", TEXTS * 40)
+    dest = tmp_path / "ds"
+    for i in range(2):
+        assert main(["tokenize", str(src), "-o", str(dest), "--tokenizer", str(PATHS["llama3"]), "--workers", "1",
+                     "--no-progress", "--num-tasks", "2", "--task-index", str(i), "--unit-size", "64KB",
+                     "--val-fraction", "0.2"]) == 0
+    assert main(["merge", str(dest)]) == 0
+    for split in ("train", "val"):
+        framing = read_manifest(str(dest / split)).tokenizer.framing
+        assert (framing.bos_id, framing.eos_id, framing.special_tokens) == (4000, 4001, "text")
+        assert all(d[0] == 4000 and d[-1] == 4001 for d in stored(dest / split))
