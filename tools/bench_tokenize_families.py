@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--corpora", default="kjv,code")
     p.add_argument("--workers", default="1,2")
-    p.add_argument("--quick", action="store_true", help="0.3 MB per corpus and no marginal (tiny) runs")
+    p.add_argument("--quick", action="store_true", help="0.3 MB per corpus, no warm-up and no marginal (tiny) runs")
     p.add_argument("--work", default=os.path.join(ROOT, "bench-out", "tokenize-families"))
     p.add_argument("--json", default=os.path.join(ROOT, "bench-out", "results", "tokenize-families.json"))
     p.add_argument("--timeout", type=float, default=1200.0)
@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         size = sum(len(t.encode("utf-8")) for t in texts)
         print(f"\ncorpus {corpus}: {len(texts):,} documents, {size / 1e6:.1f} MB of text "
               f"({size / len(texts) / 1e3:.1f} KB a document)", flush=True)
-        run_ours(tiny, os.path.join(args.work, "warm-up"), tokenizer_path(families[0]), 1, args.timeout)  # PYCACHE
+        if not args.quick:  # fills PYCACHE (--quick's figures are start-up alone: for the test that it runs)
+            run_ours(tiny, os.path.join(args.work, "warm-up"), tokenizer_path(families[0]), 1, args.timeout)
         print_header()
         for family in families:
             rows += bench_family(family, corpus, (path, tiny), texts, workers, args.work, not args.quick,
