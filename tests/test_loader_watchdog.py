@@ -48,7 +48,8 @@ def test_a_stalled_loader_logs_what_its_processes_are_doing(kjv_data, caplog, wo
 
 def test_a_loader_that_keeps_up_logs_nothing_and_zero_turns_it_off(kjv_data, caplog, monkeypatch):  # noqa: F811
     caplog.set_level(logging.WARNING, logger="dataflow.loading.watchdog")
-    for batch in StreamingDataLoader(StreamingDataset(kjv_data, seq_len=64), batch_size=4, watchdog_s=1):
+    # 60 s: far past any batch of this loader, however loaded the machine (1 s was passed by a first batch)
+    for batch in StreamingDataLoader(StreamingDataset(kjv_data, seq_len=64), batch_size=4, watchdog_s=60):
         pass
     assert _reports(caplog) == []
     monkeypatch.setenv("DATAFLOW_WATCHDOG_S", "0")
@@ -66,3 +67,24 @@ def test_a_watchdog_setting_that_cannot_work_is_one_line(kjv_data, monkeypatch, 
         with pytest.raises(ConfigError, match="watchdog_s must be") as e:
             StreamingDataLoader(ds, watchdog_s=value)
     assert "\n" not in str(e.value)
+
+
+def test_a_worker_without_the_stack_handler_is_never_signalled(kjv_data):  # noqa: F811
+    """The stack dump is asked of a worker by a signal whose default action ends a process: a worker that has
+    no handler for it (spawned, or not yet started) gets no signal, and the report goes on with the OS figures."""
+    import multiprocessing
+
+    from dataflow.loading import watchdog
+
+    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(30,))
+    child.start()
+    try:
+        dog = watchdog.Watchdog(1, "test", lambda: [child.pid])
+        dog.prepare_fork()  # the handler is this process's; the spawned child has none
+        assert watchdog._catches(child.pid, watchdog.STACK_SIGNAL) is False
+        assert dog._worker_stack(child.pid) == []
+        time.sleep(0.2)
+        assert child.is_alive()  # not ended by the signal
+    finally:
+        child.kill()
+        child.join()

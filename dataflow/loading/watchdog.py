@@ -119,6 +119,8 @@ class Watchdog:
         if self._stacks is None:
             return []
         path, _ = self._stacks
+        if not _catches(pid, STACK_SIGNAL):  # not (yet) its handler: the signal would end the worker
+            return []
         start = os.path.getsize(path)
         try:
             os.kill(pid, STACK_SIGNAL)
@@ -133,6 +135,16 @@ class Watchdog:
         with open(path) as f:
             f.seek(start)
             return _faulthandler_frames(f.read())
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` now (Linux: its SigCgt mask); False where it cannot be told."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return bool(caught >> (int(sig) - 1) & 1)
 
 
 def _stack_lines(stack: list[str]) -> list[str]:
