@@ -52,7 +52,8 @@ def build_data(cfg: Config, d: Dist, ds: Any = None, **loader_options: Any) -> t
     # a pipeline stage between the first (inputs) and the last (labels) reads no data: no workers, never iterated
     reads = stage_index(d) in (0, d.layout.pp - 1)
     loader = dataflow.StreamingDataLoader(ds, batch_size=cfg.data.batch_size,
-                                          num_workers=cfg.data.num_workers if reads else 0, **options)
+                                          num_workers=cfg.data.num_workers if reads else 0,
+                                          audit=cfg.data.audit or None, **options)
     val_loader = None
     if cfg.data.val_path:
         rank, world = ds.rank_world()

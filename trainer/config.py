@@ -33,6 +33,7 @@ class DataConfig:
     shuffle_window: int = 8  # shards shuffled together
     doc_mask: bool = False  # attention restricted to each document (position_ids restart per document)
     prefetch_depth: int = 2  # batches the DevicePrefetcher keeps ahead
+    audit: str = ""  # a folder: each rank records the samples it served; `dataflow audit DIR` checks every one once
 
 
 @dataclass
@@ -105,6 +106,9 @@ class LogConfig:
     every: int = 10
     jsonl: str = ""  # metrics records, one JSON object a line (appended)
     tensorboard: str = ""  # a log dir; used when tensorboard is installed
+    # each rank's data-wait figures for `dataflow profile --fleet DIR` ("": the folder `ranks` beside log.jsonl,
+    # when jsonl is set; "none": not written); rank 0 names stragglers at each log interval and sums up the fleet
+    run_dir: str = ""
 
 
 @dataclass
@@ -207,7 +211,7 @@ def parse_value(text: str) -> Any:
 
 # keys whose values are paths: relative ones in a config file are read against the file's own folder
 PATH_KEYS = (("data", "path"), ("data", "val_path"), ("checkpoint", "dir"), ("checkpoint", "resume"),
-             ("log", "jsonl"), ("log", "tensorboard"))
+             ("log", "jsonl"), ("log", "tensorboard"), ("data", "audit"), ("log", "run_dir"))
 
 
 def builtin_configs() -> dict[str, str]:
@@ -245,7 +249,8 @@ def find_config(spec: str) -> tuple[str, str | None]:
 def _resolve_paths(cfg: Config, base: str) -> None:
     for section, key in PATH_KEYS:
         value = getattr(getattr(cfg, section), key)
-        keyword = (section, key) == ("checkpoint", "resume") and value in ("auto", "none")
+        keyword = ((section, key) == ("checkpoint", "resume") and value in ("auto", "none")
+                   or (section, key) == ("log", "run_dir") and value == "none")
         if value and not keyword and "://" not in value and not os.path.isabs(value):
             setattr(getattr(cfg, section), key, os.path.normpath(os.path.join(base, value)))
 
@@ -279,3 +284,12 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
     if check:
         validate(cfg)
     return cfg
+
+
+def rank_figures_dir(cfg: Config) -> str | None:
+    """Where each rank writes its figures for the fleet view: log.run_dir, else `ranks` beside log.jsonl."""
+    if cfg.log.run_dir == "none":
+        return None
+    if cfg.log.run_dir:
+        return cfg.log.run_dir
+    return os.path.join(os.path.dirname(cfg.log.jsonl) or ".", "ranks") if cfg.log.jsonl else None

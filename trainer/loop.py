@@ -25,7 +25,7 @@ from trainer.build import (
     setup,
 )
 from trainer.checkpoint import Checkpointer
-from trainer.config import Config
+from trainer.config import Config, rank_figures_dir
 from trainer.estimate import warn_if_out_of_reach
 from trainer.layout import check_vocab, plan_layout, torchrun_world
 from trainer.metrics import Interval, MetricsLogger, peak_memory_gib
@@ -96,7 +96,7 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger, ds: Any) -> dict[str, Any]:
     seed_everything(cfg.train.seed + d.rank)
     run = setup(cfg, d, log, ds)
     resume(run)
-    mon = dataflow.StarvationMonitor()
+    mon = dataflow.StarvationMonitor(run_dir=rank_figures_dir(cfg))
     batches = mon.wrap(run.prefetcher)
     stop = StopFlag(announce=d.is_main)
     stop_at = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
@@ -237,6 +237,9 @@ def log_interval(run: Run, r: StepResult, mon: Any, interval: Interval) -> None:
     key, gib = peak_memory_gib(d.device)
     rec[key] = gib
     run.log.train(rec, run.cfg.train.steps)
+    if d.world_size > 1 and mon.fleet is not None:  # a collective: every rank, at the same step
+        for line in mon.name_stragglers():
+            run.log.event(run.step, "straggler", line)
 
 
 def run_eval(run: Run) -> float | None:
@@ -267,6 +270,7 @@ def finish(run: Run, mon: Any, loss: float, val_loss: float | None) -> dict[str,
     if run.val_loader is not None and (not t.eval_every or step % t.eval_every) and step == t.steps:
         val_loss = run_eval(run)
     run.log.print(mon.format_summary() + (f" [{run.grad_accum} micro-steps per step]" if run.grad_accum > 1 else ""))
+    say_fleet(run, mon)
     ps, loader = run.prefetcher.stats, run.loader
     run.log.print(f"data path: StreamingDataLoader({count(cfg.data.num_workers, 'worker')}, pinned={loader.pinned}) "
                   f"-> DevicePrefetcher({run.d.device.type}, depth {cfg.data.prefetch_depth}); {ps.direct_copies}/"
@@ -274,3 +278,17 @@ def finish(run: Run, mon: Any, loss: float, val_loss: float | None) -> dict[str,
                   f"owned copies")
     return {"step": step, "loss": loss, "skipped_steps": run.counters.skipped, "val_loss": val_loss,
             "resumed_from": run.resume_path, "summary": mon.summary()}
+
+
+def say_fleet(run: Run, mon: Any) -> None:
+    """Under torch.distributed, rank 0 sums up every rank's figures (`dataflow profile --fleet`'s view)."""
+    folder = rank_figures_dir(run.cfg)
+    if folder is None or run.d.world_size == 1:
+        return
+    from dataflow.profiling.fleet import fleet_report, format_fleet
+
+    mon.close()  # this rank's last interval, written
+    if dist.is_initialized():
+        dist.barrier()  # every rank's
+    if run.d.is_main:
+        run.log.print(format_fleet(fleet_report(folder)))
