@@ -41,7 +41,8 @@ def test_tokenize_decode_round_trip_is_exact(tmp_path, kjv):
     index = json.loads((out / "index.json").read_text())
     assert index["totals"]["documents"] == 1189 and len(index["shards"]) >= 3
     assert index["tokenizer"] == {"kind": "bytes", "name": "bytes", "vocab_size": 257, "eos_id": 256,
-                                  "sha256": None, "file": None}
+                                  "sha256": None, "file": None,
+                                  "framing": {"bos_id": None, "eos_id": 256, "special_tokens": "text"}}
 
 
 def test_verify_detects_flipped_byte_and_truncation(tmp_path, kjv):

@@ -98,9 +98,14 @@ class LendingLoader(Protocol):
         """Room for `batches` yielded batches held at once (taken when the ring is next made)."""
         ...
 
+
+@runtime_checkable
+class AuditedLoader(Protocol):
+    """An upstream whose data-order audit a consumer that reads ahead (`DevicePrefetcher`) tells as each batch
+    reaches the user, so read-ahead is never counted as served (`StreamingDataLoader`)."""
+
     def audit_on_yield(self) -> Callable[[], None] | None:
-        """For a consumer that reads ahead: a callable to call as each batch reaches the user, so the data-order
-        audit records it then, not when it was read ahead (None: the loader keeps no audit)."""
+        """A callable to call as each batch reaches the user (None: the loader keeps no audit)."""
         ...
 
 

@@ -26,7 +26,7 @@ import torch
 
 from dataflow.errors import ConfigError
 from dataflow.threads import Producer
-from dataflow.loading.contract import LendingLoader, Resumable, StageFigures, StageSnapshot
+from dataflow.loading.contract import AuditedLoader, LendingLoader, Resumable, StageFigures, StageSnapshot
 from dataflow.loading.cursor import stale_iterator
 
 _DONE = object()
@@ -108,12 +108,12 @@ class DevicePrefetcher:
         if self._cuda and not torch.cuda.is_available():
             raise ConfigError(f"DevicePrefetcher(device={str(device)!r}): CUDA is not available here (torch "
                               f"{torch.__version__}, {torch.cuda.device_count()} GPUs visible); use device='cpu'")
-        self._yielded = None  # the upstream's audit, told as each batch reaches the user (not when read ahead)
         if isinstance(batches, LendingLoader):  # it sizes its `SlotRing` for what this queue holds
             batches.reserve_held(depth + 2)
-            self._yielded = batches.audit_on_yield()
             if pinned is None:
                 pinned = batches.pinned
+        # the upstream's audit, told as each batch reaches the user (not when it is read ahead)
+        self._yielded = batches.audit_on_yield() if isinstance(batches, AuditedLoader) else None
         self.upstream, self.depth, self.pinned = batches, depth, bool(pinned)
         self.stats = PrefetchStats()
         self._resumable = batches if isinstance(batches, Resumable) else None
