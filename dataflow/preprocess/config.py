@@ -149,14 +149,7 @@ def tokenizer_identity(spec: str) -> str:
     prefix, path = ("tiktoken:", spec[len("tiktoken:"):]) if spec.startswith("tiktoken:") else ("", spec)
     if spec == "bytes" or spec.startswith("sha256:") or path.startswith("sha256:"):
         return spec
-    stamp = None
-    if "://" not in path:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return spec
-        stamp = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
-    digest = _content_sha256(path, stamp)
+    digest = _file_digest(path)
     return f"{prefix}sha256:{digest}" if digest else spec
 
 
@@ -166,6 +159,13 @@ def config_identity(spec: str) -> str | None:
     if spec == "bytes" or spec.startswith("tiktoken:") or spec.startswith("sha256:"):
         return None
     path = spec.rsplit("/", 1)[0] + "/" + CONFIG_NAME if "/" in spec else CONFIG_NAME
+    digest = _file_digest(path)
+    return f"sha256:{digest}" if digest else None
+
+
+def _file_digest(path: str) -> str | None:
+    """The sha256 of the file at `path` (a local path or URL; remembered per local file's size and mtime), or None
+    for a local path with no file."""
     stamp = None
     if "://" not in path:
         try:
@@ -173,8 +173,7 @@ def config_identity(spec: str) -> str | None:
         except OSError:
             return None
         stamp = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
-    digest = _content_sha256(path, stamp)
-    return f"sha256:{digest}" if digest else None
+    return _content_sha256(path, stamp)
 
 
 @functools.lru_cache(maxsize=16)
