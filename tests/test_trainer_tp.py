@@ -136,3 +136,17 @@ def test_a_dp2_x_tp2_checkpoint_resumes_at_dp4_x_tp1(kjv_data, baseline, dp2_tp2
     assert "layout dp_shard 2 -> 4, tp 2 -> 1" in event["message"]
     state = json.loads((tmp_path / "ck" / "step-000008" / "trainer_state.json").read_text())
     assert state["loader"]["consumed"] == STEPS * 8
+
+
+def test_every_sample_is_served_once_across_a_change_from_dp2_x_tp2_to_dp4(kjv_data, baseline, tmp_path):
+    """The loader's own proof, beside the losses: a dp2 x tp2 run stopped at its step-4 checkpoint and resumed at
+    dp4 x tp1 is audited clean (each data-parallel replica recorded once, by its first tp rank), 8 samples a step."""
+    audit = f"data.audit={tmp_path / 'audit'}"
+    run_cli(settings(kjv_data, tmp_path, "data.batch_size=4", "train.parallel=fsdp", "train.tensor_parallel=2",
+                     "train.stop_at=4", audit), nproc=4)
+    run_cli(settings(kjv_data, tmp_path, "data.batch_size=2", "train.parallel=fsdp", audit), nproc=4)
+    assert_close(losses(tmp_path / "metrics.jsonl"), losses(baseline / "metrics.jsonl"), range(5, STEPS + 1))
+    from dataflow.audit.replay import audit_folder
+
+    report = audit_folder(str(tmp_path / "audit"))
+    assert report["clean"] and report["samples"] == STEPS * 8, report["findings"]

@@ -51,9 +51,12 @@ def build_data(cfg: Config, d: Dist, ds: Any = None, **loader_options: Any) -> t
     options = {"pin_memory": d.device.type == "cuda", "cycle": True, **loader_options}
     # a pipeline stage between the first (inputs) and the last (labels) reads no data: no workers, never iterated
     reads = stage_index(d) in (0, d.layout.pp - 1)
+    # the audit records what each data-parallel replica consumed: once, by its first stage's first tp rank (the
+    # other tp ranks and the last stage read the same batches)
+    audits = stage_index(d) == 0 and (d.mesh is None or d.layout.tp == 1 or d.mesh.get_local_rank("tp") == 0)
     loader = dataflow.StreamingDataLoader(ds, batch_size=cfg.data.batch_size,
                                           num_workers=cfg.data.num_workers if reads else 0,
-                                          audit=cfg.data.audit or None, **options)
+                                          audit=(cfg.data.audit or None) if audits else None, **options)
     val_loader = None
     if cfg.data.val_path:
         rank, world = ds.rank_world()
