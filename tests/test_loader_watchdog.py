@@ -28,9 +28,12 @@ def _reports(caplog):
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_stalled_loader_logs_what_its_processes_are_doing(kjv_data, caplog, workers):  # noqa: F811
     _calls["n"] = 0
+    # fork named: a worker's Python stack comes through the handler it inherits (spawned ones give the OS figures
+    # only), and another test of the same process may have changed the default start method
     loader = StreamingDataLoader(StreamingDataset(kjv_data, seq_len=64), batch_size=4, num_workers=workers,
                                  prefetch_factor=1 if workers else None, held_batches=0,
-                                 stage_hook=_hang_on_the_third_batch, watchdog_s=1)
+                                 stage_hook=_hang_on_the_third_batch, watchdog_s=1,
+                                 multiprocessing_context="fork" if workers else None)
     caplog.set_level(logging.WARNING, logger="dataflow.loading.watchdog")
     it = iter(loader)
     for _ in range(8):
