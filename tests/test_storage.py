@@ -229,13 +229,19 @@ def test_prefetch_downloads_ahead_once(server, shards, tmp_path):
 
 
 def test_prefetch_stays_within_the_cache_limit(server, shards, tmp_path):
+    """`cache_limit` holds within one shard per reader (the cache's rule since fetch-ahead claims its room in
+    queue order): with shards[0] in use and room for three, the fetch-ahead brings shards[1:3], never evicts the
+    shard in use and never fetches a shard twice. (It may go on past them, evicting what it fetched ahead and no
+    one holds: a plain fetch_ahead holds nothing; the loader's work_ahead holds what it fetches.)"""
     limit = sum(s.bytes for s in shards[:3])
     with Storage(server.url, str(tmp_path), cache_limit=limit) as st:
         held = st.local_path(shards[0])
-        st.fetch_ahead(shards)  # shards[0] is in use, so only shards[1:3] fit beside it
+        st.fetch_ahead(shards)
         st.close()  # waits for the background downloads
-        assert st.downloads == 3 and os.path.exists(held)
-    assert shard_gets(server, shards) == [1, 1, 1] + [0] * (len(shards) - 3)
+        assert os.path.exists(held) and st.downloads >= 3
+        assert cache_bytes(str(tmp_path)) <= limit + max(s.bytes for s in shards)
+    gets = shard_gets(server, shards)
+    assert gets[:3] == [1, 1, 1] and max(gets) == 1 and sum(gets) == st.downloads
 
 
 # --- eviction ---------------------------------------------------------------------------------------
