@@ -97,6 +97,16 @@ def _loader(url, cache, limit, workers=0):
     return StreamingDataLoader(ds, batch_size=B, num_workers=workers)
 
 
+def _state_at(loader, batches: int) -> dict:
+    """The loader's state after `batches` batches of its epoch; the loader is closed."""
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    state = loader.state_dict()
+    loader.close()
+    return state
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_limit_holds_within_one_shard_per_reader_and_the_batches_are_exact(server, kjv_shards, want, tmp_path,
                                                                                workers):
@@ -126,13 +136,8 @@ def test_a_decoded_shard_replaces_its_compressed_copy(server, kjv_shards, want, 
 def test_a_resume_under_a_tight_limit_is_exact(server, kjv_shards, want, tmp_path):
     url, _ = server
     limit = int(1.2 * sum(sorted(_decoded_sizes(kjv_shards))[-WINDOW:]))
-    loader = _loader(url, tmp_path / "c", limit)
-    it = iter(loader)
     half = len(want) // 2
-    for _ in range(half):
-        next(it)
-    state = loader.state_dict()
-    loader.close()
+    state = _state_at(_loader(url, tmp_path / "c", limit), half)
     resumed = _loader(url, tmp_path / "c2", limit)
     resumed.load_state_dict(state)
     rest = [b["input_ids"].clone() for b in resumed]
@@ -154,13 +159,8 @@ def test_a_resume_fetches_only_the_windows_left(server, kjv_shards, want, tmp_pa
     """Half way through an epoch of many shuffle windows, a fresh cache: the resumed run downloads the shards
     of the windows left (the current one whole: its samples are shuffled over all of its shards), no other."""
     url, asked = server
-    loader = _loader(url, tmp_path / "c", "none")
-    it = iter(loader)
     half = len(want) // 2
-    for _ in range(half):
-        next(it)
-    state = loader.state_dict()
-    loader.close()
+    state = _state_at(_loader(url, tmp_path / "c", "none"), half)
     ds = StreamingDataset(url, seq_len=SEQ, seed=5, shuffle_window=WINDOW, cache_dir=str(tmp_path / "c2"))
     order = ds.index.order(0, 0)
     consumed = state["consumed"] if "consumed" in state else half * B

@@ -13,13 +13,14 @@ import pathlib
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import torch
 
+import trainer_support as support
+from trainer_support import assert_close, losses, records
 from dataflow.errors import ConfigError, DataflowError
 from trainer.checkpoint import Checkpointer, complete_checkpoints
 from trainer.config import load_config
@@ -57,31 +58,9 @@ def run_here(sets: list[str]) -> dict:
     return train(load_config(None, sets))
 
 
-def run_cli(sets: list[str], nproc: int = 1, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`python -m trainer` in a new process, or under torchrun with `nproc` processes on gloo."""
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
-        if nproc > 1 else [sys.executable]
-    cmd = launch + ["-m", "trainer", "--config", str(ROOT / "configs" / "demo.toml")]
-    for s in sets:
-        cmd += ["--set", s]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def records(path: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def losses(path: pathlib.Path) -> dict[int, tuple[float, float]]:
-    """step -> (loss, grad_norm) of every training record."""
-    return {r["step"]: (r["loss"], r["grad_norm"]) for r in records(path) if "loss" in r}
-
-
-def assert_close(a: dict, b: dict, steps: range, rtol: float = 1e-4) -> None:
-    for s in steps:
-        assert a[s][0] == pytest.approx(b[s][0], rel=rtol), f"loss at step {s}"
-        assert a[s][1] == pytest.approx(b[s][1], rel=10 * rtol), f"grad norm at step {s}"
+def run_cli(sets: list[str], nproc: int = 1) -> subprocess.CompletedProcess:
+    """The trainer on configs/demo.toml as a file (its relative paths read against configs/)."""
+    return support.run_cli(sets, nproc, config=str(ROOT / "configs" / "demo.toml"))
 
 
 @pytest.fixture(scope="module")

@@ -5,20 +5,19 @@ group that read different batches are stopped in one line naming them. All heavy
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import trainer_support as support
 from dataflow.errors import TrainingAborted
+from trainer_support import assert_close, losses, records  # noqa: F401  (test_trainer_pp takes them from here)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 8
 pytestmark = pytest.mark.heavy
 
@@ -41,29 +40,9 @@ def settings(data: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
             "log.every=1", *extra]
 
 
-def run_cli(sets: list[str], nproc: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
-        if nproc > 1 else [sys.executable]
-    cmd = launch + ["-m", "trainer", "--config", "demo"] + [a for s in sets for a in ("--set", s)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def records(path: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def losses(path: pathlib.Path) -> dict[int, tuple[float, float]]:
-    return {r["step"]: (r["loss"], r["grad_norm"]) for r in records(path) if "loss" in r}
-
-
-def assert_close(a: dict, b: dict, steps: range, rtol: float = 1e-4) -> None:
-    assert set(steps) <= set(a), sorted(a)
-    for s in steps:
-        assert a[s][0] == pytest.approx(b[s][0], rel=rtol), f"loss at step {s}"
-        assert a[s][1] == pytest.approx(b[s][1], rel=10 * rtol), f"grad norm at step {s}"
+def run_cli(sets: list[str], nproc: int = 1) -> subprocess.CompletedProcess:
+    """The trainer on one thread per process (4 processes share 2 cores)."""
+    return support.run_cli(sets, nproc, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")

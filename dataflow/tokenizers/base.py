@@ -68,8 +68,9 @@ class Tokenizer(abc.ABC):
         return []
 
     def _encode_parsed(self, texts: list[str]) -> list[list[int]]:
-        """Ids of each text with its special-token strings as their ids (see encode_docs)."""
-        raise NotImplementedError
+        """Ids of each text with its special-token strings as their ids (see encode_docs): a tokenizer whose
+        `special_strings()` names any must say how."""
+        raise NotImplementedError(f"{type(self).__name__} names special tokens but cannot encode them as ids")
 
     def _special_pattern(self) -> str | None:
         """An RE2 pattern matching any special-token string (each quoted literally), or None when there is none."""
