@@ -175,3 +175,28 @@ def test_a_resume_fetches_only_the_windows_left(server, kjv_shards, want, tmp_pa
     assert sorted(fetched) == sorted(left)  # each once, and only those
     sizes = {s.path: s.bytes for s in _shards(kjv_shards)}
     assert sum(sizes[p] for p in fetched) < 0.75 * sum(sizes.values())
+
+
+def test_a_download_put_in_place_while_the_cache_is_counted_is_counted(tmp_path, monkeypatch):
+    """The count behind every claim lists a folder, then sizes each file: a download renamed into place in
+    between (its part file gone, its entry not listed) was counted nowhere, so a claim took its room and the
+    cache passed its limit (seen as a fourth shard fetched into room for three). Now the folder is listed again."""
+    from dataflow.loading import cache
+
+    folder = tmp_path / "0123456789abcdef"
+    folder.mkdir()
+    (folder / "fedcba9876543210-shard-00000.arrow").write_bytes(b"x" * 1000)
+    entry = folder / "aaaaaaaaaaaaaaaa-shard-00001.arrow"
+    part = cache.part_path(str(entry), 3000)
+    with open(part, "wb") as f:
+        f.write(b"y" * 3000)
+    real_stat, renamed = os.stat, []
+
+    def stat_after_the_rename(path, *args, **kwargs):
+        if str(path) == part and not renamed:
+            os.replace(part, entry)  # the download finishes just between the listing and this stat
+            renamed.append(part)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat_after_the_rename)
+    assert cache.usage(str(tmp_path)) == 4000 and renamed  # the count every claim and eviction starts from

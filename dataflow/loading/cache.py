@@ -268,30 +268,47 @@ def _scan(cache_dir: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, s
     """Entries as (last access ns, bytes, path), partial downloads as (bytes, path), and all their bytes."""
     entries: list[tuple[int, int, str]] = []
     partials: list[tuple[int, str]] = []
-    total = 0
     try:
         tags = [d.path for d in os.scandir(cache_dir) if d.is_dir() and _TAG.fullmatch(d.name)]
     except OSError:  # not made yet, or not a folder we can read: it holds nothing of ours
-        return entries, partials, total
+        return entries, partials, 0
     for tag in tags:
-        for folder, _, names in os.walk(tag):
-            for name in names:
-                if name.endswith(_LOCK_SUFFIXES) or not _ENTRY.fullmatch(name):
-                    continue
-                path = os.path.join(folder, name)
-                try:
-                    st = os.stat(path)
-                except FileNotFoundError:
-                    continue
-                size = st.st_size
-                if _PART in name or _ROOM + "-" in name:
-                    tail = name.rsplit("-", 1)[-1]
-                    size = max(size, int(tail)) if tail.isdigit() else size
-                    partials.append((size, path))
-                else:
-                    entries.append((st.st_mtime_ns, size, path))
-                total += size
-    return entries, partials, total
+        for folder, _, _ in os.walk(tag):
+            got = _scan_folder(folder)
+            entries += got[0]
+            partials += got[1]
+    return entries, partials, sum(e[1] for e in entries) + sum(p[0] for p in partials)
+
+
+def _scan_folder(folder: str, attempts: int = 20) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]]]:
+    """`_scan` of one folder. A file that goes between the listing and its stat was renamed (a download or
+    a claim put in place: a new name the listing missed) or deleted: the folder is listed again, or the
+    bytes of a download in flight would be counted nowhere for that moment (and a claim would take them)."""
+    for _ in range(attempts):
+        entries: list[tuple[int, int, str]] = []
+        partials: list[tuple[int, str]] = []
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return entries, partials
+        vanished = False
+        for name in names:
+            if name.endswith(_LOCK_SUFFIXES) or not _ENTRY.fullmatch(name):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                vanished = True
+                break
+            if _PART in name or _ROOM + "-" in name:
+                tail = name.rsplit("-", 1)[-1]
+                partials.append((max(st.st_size, int(tail)) if tail.isdigit() else st.st_size, path))
+            else:
+                entries.append((st.st_mtime_ns, st.st_size, path))
+        if not vanished:
+            break
+    return entries, partials
 
 
 default_cache_dir = env.cache_dir  # where the cache lives is the environment's to say

@@ -80,14 +80,6 @@ class Holds:
         for _ in range(n):
             self._release_one(path)
 
-    def release_ahead(self, path: str) -> None:
-        """Let go of the fetch-ahead's hold of `path` (if it has one)."""
-        with self._mu:
-            held = path in self._ahead
-            self._ahead.discard(path)
-        if held:
-            self._release_one(path)
-
     def keep_ahead(self, keep: set[str]) -> None:
         """Let go of the fetch-ahead's holds outside `keep`."""
         with self._mu:

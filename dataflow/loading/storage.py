@@ -173,22 +173,23 @@ class Storage:
         `decoded_path`) in background threads, in this order (`ahead.py`), and return at once.
 
         With a cache_limit, each shard first claims its room: shards are taken in order only while they fit
-        beside what is held, so work ahead never evicts what is about to be read (the queue waits for a
-        release instead). Failures are logged, not raised: `local_path`/`decoded_path` retry and report them.
+        beside what is held, and each one fetched is held (never evicted) until `release(shard)` or `close`,
+        so work ahead never evicts what it fetched for the reader (the queue waits for a release instead).
+        Failures are logged, not raised: `local_path`/`decoded_path` retry and report them.
         """
-        self._queue_ahead([shards], decode, pin=False, first_tier=tier)
+        self._queue_ahead([shards], decode, first_tier=tier)
 
     def work_ahead(self, tiers: list[list[ShardInfo]], decode: tuple[str, int] | None = None) -> None:
         """What the reader needs next, in the order of need, by tier (0: the current shuffle windows, 1: the
         next ones): queued as `fetch_ahead`, and each shard fetched is held (never evicted) until `release(shard)`,
         a later call leaves it out, or `close`; queued tasks and held shards that no tier names are let go."""
-        keys = self._queue_ahead(tiers, decode, pin=True)
+        keys = self._queue_ahead(tiers, decode)
         if keys is None:
             return
         self._ahead.keep_only(keys)
         self._holds.keep_ahead(keys)
 
-    def _queue_ahead(self, tiers: list[list[ShardInfo]], decode: tuple[str, int] | None, pin: bool,
+    def _queue_ahead(self, tiers: list[list[ShardInfo]], decode: tuple[str, int] | None,
                      first_tier: int = 0) -> set[str] | None:
         if not (self.remote or decode):
             return None
@@ -201,7 +202,7 @@ class Storage:
                 path = self._entry(shard) + (decoded.suffix(decode[0]) if decode else "")
                 keys.add(path)
                 self._ahead.submit(path, (first_tier + t, call, i),
-                                   functools.partial(self._claim_ahead, shard, path, decode, pin))
+                                   functools.partial(self._claim_ahead, shard, path, decode))
         return keys
 
     def cache_problem(self) -> OSError | None:
@@ -237,7 +238,7 @@ class Storage:
                          lambda: self._fetch(shard, path, wait=True, room=room))
         return path
 
-    def _claim_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None, pin: bool) -> Run | None:
+    def _claim_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None) -> Run | None:
         """A fetch-ahead task's first step (in queue order): claim the room its download and decode need,
         or None when that does not fit beside what is held; then the work, which holds the shard after."""
         if self._holds.held_ahead(path):
@@ -250,11 +251,10 @@ class Storage:
                 size += shard.bytes  # the compressed copy too, until its decoded copy replaces it
             if not room.claim(size):
                 return None
-        return functools.partial(self._hold_ahead, shard, path, decode, room, pin)
+        return functools.partial(self._hold_ahead, shard, path, decode, room)
 
-    def _hold_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None, room: cache.Room,
-                    pin: bool) -> None:
-        """Make the shard ready (its room claimed), and hold it for the reader when `pin`."""
+    def _hold_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None, room: cache.Room) -> None:
+        """Make the shard ready (its room claimed), and hold it for the reader."""
         try:
             if decode:
                 make = functools.partial(self._decode, shard, path, *decode, room=room)
@@ -262,8 +262,7 @@ class Storage:
             else:
                 make = functools.partial(self._fetch, shard, path, wait=False, room=room)
                 ready = functools.partial(cache.verified, path, shard.bytes)
-            if self._holds.hold(path, self.cache_bytes(shard, decode), ready, make, ahead=True) and not pin:
-                self._holds.release_ahead(path)
+            self._holds.hold(path, self.cache_bytes(shard, decode), ready, make, ahead=True)
         finally:
             room.free()
 
