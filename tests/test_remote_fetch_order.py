@@ -90,3 +90,42 @@ def test_a_shard_larger_than_the_block_size_is_one_get(kjv, tmp_path, monkeypatc
     want = [b["input_ids"] for b in StreamingDataLoader(StreamingDataset(path, seq_len=SEQ, seed=1), batch_size=B)]
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
     assert gets == [None]  # one whole GET, none dropped, no ranges
+
+
+def test_an_object_store_manifest_is_one_get(kjv, tmp_path, monkeypatch):
+    """The manifest is read in one ranged GET (no HEAD first: a round trip less before any shard); one longer
+    than the first read is read whole all the same, and one past the bound is refused as before."""
+    import pytest
+    import s3fs
+
+    from dataflow import FormatError
+    from dataflow.formats import manifest_bounds
+
+    path = _kjv_dataset(kjv, tmp_path / "ds", 300_000, "64KB")
+    calls = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *a, **kw):
+        if kw.get("Key", "").endswith("index.json"):
+            calls.append(method)
+        return await real(self, method, *a, **kw)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    with moto_s3("bench-manifest") as (endpoint, client):
+        for name in os.listdir(path):
+            client.upload_file(os.path.join(path, name), "bench-manifest", f"ds/{name}")
+        opts = {"client_kwargs": {"endpoint_url": endpoint}}
+        one = StreamingDataset("s3://bench-manifest/ds", seq_len=SEQ, cache_dir=str(tmp_path / "c"),
+                               storage_options=opts)
+        assert calls == ["get_object"]
+        size = os.path.getsize(os.path.join(path, "index.json"))
+        monkeypatch.setattr(manifest_bounds, "FIRST_READ_BYTES", size // 3)  # a manifest longer than the first read
+        again = StreamingDataset("s3://bench-manifest/ds", seq_len=SEQ, cache_dir=str(tmp_path / "c"),
+                                 storage_options=opts)
+        assert [s.sha256 for _, s in again.shards] == [s.sha256 for _, s in one.shards] and len(one.shards) > 3
+        monkeypatch.setenv("DATAFLOW_MANIFEST_MAX_BYTES", str(size // 2))
+        with pytest.raises(FormatError, match="the most a manifest is read to"):
+            StreamingDataset("s3://bench-manifest/ds", seq_len=SEQ, storage_options=opts)
+        monkeypatch.setattr(manifest_bounds, "FIRST_READ_BYTES", 1 << 20)
+        with pytest.raises(FormatError, match="the most a manifest is read to"):
+            StreamingDataset("s3://bench-manifest/ds", seq_len=SEQ, storage_options=opts)

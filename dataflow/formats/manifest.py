@@ -14,13 +14,11 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import fsspec
-
 from dataflow.debug import cause
 from dataflow.errors import DataflowError, FormatError, NotADatasetError
 from dataflow.formats import remote
 from dataflow.formats.atomic import write_json_atomic
-from dataflow.formats.manifest_bounds import MAX_DEPTH, nested_deeper, read_bounded, too_deep
+from dataflow.formats.manifest_bounds import MAX_DEPTH, nested_deeper, read_manifest_bytes, too_deep
 from dataflow.formats.remote_errors import explain, read_failed, server_error
 from dataflow.locks import held_elsewhere
 
@@ -281,8 +279,7 @@ def read_manifest(dataset: str, storage_options: dict[str, Any] | None = None) -
     url = manifest_url(dataset)
 
     def read() -> bytes:
-        with fsspec.open(url, "rb", **remote.with_timeouts(url, storage_options)) as f:
-            return read_bounded(f, url)
+        return read_manifest_bytes(url, remote.with_timeouts(url, storage_options))
 
     try:
         raw = remote.with_retries(url, read) if remote.is_remote(url) else read()
