@@ -61,6 +61,7 @@ def test_the_pool_yields_in_order_and_leaves_no_process(src, tmp_path):
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.timing  # "at once" is a wall-clock bound (2 s): a loaded machine may pass it
 @pytest.mark.parametrize("workers", [1, 2])
 def test_an_error_in_the_block_kills_the_pool_at_once(src, tmp_path, monkeypatch, workers):
     """Workers in the middle of bundles that would never end: leaving the block by an exception kills them
