@@ -38,7 +38,7 @@ from dataflow.loading.cache import DISK_FULL
 from dataflow.loading.download import cache_full, checked_again, download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
 
-__all__ = ["Storage", "StorageError", "default_cache_dir", "fetch_ahead", "work_ahead"]
+__all__ = ["Storage", "StorageError", "default_cache_dir", "work_ahead"]
 log = logging.getLogger(__name__)
 
 RETRIES = remote.RETRIES  # attempts per download
@@ -353,17 +353,6 @@ class Storage:
         """For what a reader waits for: evict what is not in use; the limit is passed only by what is."""
         if self.cache_limit is not None:
             cache.evict(self.cache_dir, self.cache_limit, incoming)
-
-
-def fetch_ahead(storages: list[Storage], shards: list[tuple[int, ShardInfo]],
-                decode: list[tuple[str, int] | None]) -> None:
-    """Download (and for sources with `decode[src]`, decode) ahead `(source index, shard)` pairs, as
-    `StreamingDataset.shards` lists them."""
-    by_source: dict[int, list[ShardInfo]] = {}
-    for src, info in shards:
-        by_source.setdefault(src, []).append(info)
-    for src, infos in by_source.items():
-        storages[src].fetch_ahead(infos, decode=decode[src])
 
 
 def work_ahead(storages: list[Storage], tiers: list[list[tuple[int, ShardInfo]]],
