@@ -183,7 +183,8 @@ def test_the_preprocess_guard_catches_an_upward_import_wherever_the_readers_live
 TOKENIZER_LAYERS = [
     ("load",),  # load_tokenizer, tokenizer_for_dataset, TiktokenTokenizer: the package's door
     ("hf_tokenizer",),  # a tokenizer.json: its chosen engine alone encodes
-    ("choose", "base", "tiktoken_names"),  # the engine choice; the Tokenizer interface, bytes; tiktoken:NAME
+    ("choose", "base", "tiktoken_names", "hub"),  # the engine choice; the Tokenizer interface, bytes; tiktoken:NAME;
+    # ORG/NAME from the Hub's cache
     ("gigatoken_engine", "tiktoken_files", "hf_reference"),  # the fast engines; .tiktoken files; the reference
     ("tiktoken_engine",),
     ("bpe_convert", "flat"),  # tokenizer.json to merges and ranks; flat (values, offsets) id arrays

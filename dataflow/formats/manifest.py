@@ -59,6 +59,8 @@ class TokenizerMeta:
     sha256: str | None = None  # of the tokenizer file; None for the built-in byte tokenizer
     file: str | None = None  # the copy inside the dataset folder, relative to it
     framing: Framing | None = None  # None: a manifest of before framing was recorded (see Framing)
+    repo: str | None = None  # the Hugging Face Hub repository the file is of (--tokenizer ORG/NAME), else None
+    revision: str | None = None  # the commit of `repo` it is of (40 hex digits)
 
     def __post_init__(self) -> None:
         if isinstance(self.framing, dict):  # as read from a manifest; keys added later are ignored
@@ -186,6 +188,9 @@ class Manifest:
             check_relative_path(t.file, where, "tokenizer file")
         if t.framing is not None:
             _check_framing(t.framing, t.vocab_size, where)
+        for name in ("repo", "revision"):
+            if getattr(t, name) is not None and not isinstance(getattr(t, name), str):
+                raise FormatError(f"{where}: tokenizer {name} {getattr(t, name)!r} must be null or a string")
         seen: dict[str, tuple[int, str]] = {}
         for i, s in enumerate(self.shards):
             check_relative_path(s.path, where)

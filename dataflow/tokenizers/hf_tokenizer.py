@@ -8,16 +8,19 @@ import hashlib
 import logging
 import os
 import threading
+from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from dataflow.errors import ConfigError
+from dataflow.formats.manifest import TokenizerMeta
 from dataflow.tokenizers import bpe_convert, choose, hf_reference
 from dataflow.tokenizers.base import Tokenizer
 from dataflow.tokenizers.choose import SAMPLE_CHARS, Choice
 from dataflow.tokenizers.flat import Flat, flat_from_lists, scrub
+from dataflow.tokenizers.hub import HubFile
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +58,13 @@ class HFTokenizer(Tokenizer):
     the engine never changes: a difference found on the rest of those characters is a ConfigError.
     `tokenizers` itself (the reference) loads when first needed when this machine remembers both the proof
     and the metadata (hf_reference.py): a run's workers then start before it loads.
+    `origin`: the Hub repository and commit the file is of (`--tokenizer ORG/NAME`), which `meta` records.
     """
 
     def __init__(self, source: str, data: bytes, engine: str = "auto", threads: int = 1,
-                 sample: Sequence[str] = ()) -> None:
+                 sample: Sequence[str] = (), origin: HubFile | None = None) -> None:
         self.source = source
+        self.origin = origin
         self.threads = threads
         self._requested = engine
         self._data = data  # kept for the reference, and for a new choice should the input sample refuse the engine
@@ -71,6 +76,7 @@ class HFTokenizer(Tokenizer):
         self._gave_ids = False  # the engine is final once True
         recalled = hf_reference.recall_meta(source, self._sha256) if engine != "hf" else None
         self.meta, self.template = recalled or (None, ((), ()))
+        self.meta = self._provenance(self.meta)
         self.config_tokens = hf_reference.config_tokens(source)
         self._ids_checked = self.meta is not None  # see hf_reference.check_ids: before any engine sees the file
         if self.meta is None:
@@ -98,7 +104,8 @@ class HFTokenizer(Tokenizer):
         with _LOAD_LOCK:
             if self._hf is None:
                 hf = hf_reference.load_reference(self.source, self._data, self._ids_checked)
-                meta, template = hf_reference.meta_of(hf, self.source, self._sha256), hf_reference.template_of(hf)
+                meta = self._provenance(hf_reference.meta_of(hf, self.source, self._sha256))
+                template = hf_reference.template_of(hf)
                 known = None if self.meta is None else (self.meta.vocab_size, self.meta.eos_id, self.template)
                 if known != (meta.vocab_size, meta.eos_id, template):
                     if known is not None:
@@ -109,6 +116,12 @@ class HFTokenizer(Tokenizer):
                     hf_reference.remember_meta(meta, template)
                 self._hf = hf
         return self._hf
+
+    def _provenance(self, meta: TokenizerMeta | None) -> TokenizerMeta | None:
+        """`meta` naming the Hub repository and commit the file is of, when it is of one (`origin`)."""
+        if meta is None or self.origin is None:
+            return meta
+        return replace(meta, name=self.origin.repo, repo=self.origin.repo, revision=self.origin.revision)
 
     def share_check_with_forks(self) -> None:
         """Forks of this process from now on run this very engine, which this process compares with `tokenizers`

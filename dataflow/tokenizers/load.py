@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import TokenizerMeta
-from dataflow.tokenizers import tiktoken_files, tiktoken_names
+from dataflow.tokenizers import hub, tiktoken_files, tiktoken_names
 from dataflow.tokenizers.base import ByteTokenizer, Tokenizer
 from dataflow.tokenizers.choose import ENGINES, FAST_ENGINES, SAMPLE_CHARS
 from dataflow.tokenizers.flat import Flat
@@ -30,7 +30,9 @@ from dataflow.tokenizers.hf_tokenizer import HFTokenizer
 __all__ = ["ByteTokenizer", "ENGINES", "FAST_ENGINES", "HFTokenizer", "SAMPLE_CHARS", "SPEC_FORMS", "TiktokenTokenizer",
            "Tokenizer", "load_tokenizer", "tokenizer_for_dataset"]
 
-SPEC_FORMS = ("bytes", "a path or URL to a Hugging Face tokenizer.json", "tiktoken:PATH (a .tiktoken BPE file)")
+SPEC_FORMS = ("bytes", "a path or URL to a Hugging Face tokenizer.json",
+              "ORG/NAME[@REVISION] or hf:ORG/NAME[@REVISION] (a Hugging Face Hub repository's tokenizer.json)",
+              "tiktoken:PATH (a .tiktoken BPE file)")
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -77,7 +79,8 @@ class TiktokenTokenizer(Tokenizer):
 
 def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample: Sequence[str] = (),
                    decode_only: bool = False) -> Tokenizer:
-    """`bytes`, a path/URL to a `tokenizer.json`, `tiktoken:PATH` (with a split pattern: see
+    """`bytes`, a path/URL to a `tokenizer.json`, `ORG/NAME[@REVISION]` or `hf:ORG/NAME[@REVISION]` (a Hub
+    repository's tokenizer.json, from huggingface_hub's cache: hub.py), `tiktoken:PATH` (with a split pattern: see
     tiktoken_files.tiktoken_spec) or `tiktoken:NAME`, an OpenAI encoding from tiktoken's cache (tiktoken_names.py).
 
     `engine` ("auto", "hf", "gigatoken", "tiktoken") picks what encodes a `tokenizer.json`; see HFTokenizer.
@@ -95,6 +98,11 @@ def load_tokenizer(spec: str, engine: str = "auto", *, threads: int = 1, sample:
         return ByteTokenizer()
     if engine == "bytes":
         raise ConfigError(f"engine 'bytes' applies only to the bytes tokenizer, not {spec}")
+    named = hub.parse(spec)
+    if named is not None:
+        found = hub.resolve(*named)
+        return HFTokenizer(found.path, _read_tokenizer_file(spec, found.path), engine=engine, threads=threads,
+                           sample=sample, origin=found)
     spec, pattern = tiktoken_files.split_spec(spec)
     kind = "tiktoken" if spec.startswith("tiktoken:") else "hf"
     source = spec[len("tiktoken:"):] if kind == "tiktoken" else spec
