@@ -1,17 +1,28 @@
-"""Streaming from object storage: dataflow against a local S3 server (moto) behind a throttling proxy of our own.
+"""Streaming from object storage: dataflow and its peers against a local S3 server (moto) behind a throttling
+proxy of our own.
 
 Per link condition (round trip / shared cap, `tools/bench_remote_proxy.py` on 127.0.0.1) and worker count,
-each case in a fresh process with a cold cache: `StreamingDataset("s3://...", seq_len=2048, shuffle)`, batches
-of 8, the first epoch. Measured:
-- time to first batch, cold (from making the dataset) and after a resume at half an epoch (fresh cache);
-- share of the link's token ceiling over the first epoch, start included (cap / compressed bytes per token);
-- bytes fetched (the proxy's count of bytes sent down), cold and after the resume, against the dataset's bytes;
-- GET requests; peak memory of the loader's process tree (RSS, polled); the cache's peak bytes on disk (polled).
-The baseline is measured in the same run: a plain boto3 download of every shard, one after another, through
-the same proxy (what the link gives one client), and, with `--baseline-src DIR` (a checkout of an older
-dataflow, e.g. `git worktree add /tmp/old HEAD~5`), the same cases on that code; ratios are printed.
+each case in a fresh process with a cold cache, batches of 8 x 2049 tokens, shuffle on, the first epoch:
+dataflow's `StreamingDataset("s3://...", seq_len=2048)` and the peers that install here, each over the same
+windows converted to its own format (before the clock) and uploaded to the same bucket, read through the same
+proxy: MosaicML Streaming (MDS, zstd), LitData (`optimize` with TokensLoader, zstd), WebDataset (gzip tar,
+streamed). The peers run in `--peer-python` (.bench-venv, `make bench-setup`); the adapters and the shared
+measuring loop are tools/peers/remote_*.py. Measured:
+- time to first batch, cold (from making the dataset) and after a resume at half an epoch (fresh cache; "n/a"
+  for a loader without resume);
+- share of the link's token ceiling over the first epoch, start included (cap / dataflow's compressed bytes
+  per token, the same yardstick for every loader);
+- bytes fetched (the proxy's count of bytes sent down), cold and after the resume, in multiples of the loader's
+  own dataset bytes;
+- GET requests; peak memory of the loader's process tree (RSS, polled); the cache's peak bytes on disk (polled);
+- what it served: the multiset of window hashes of the epoch against the dataset's ("ok"), and whether the
+  samples before the state plus those after the resume are the cold epoch's ("exact").
+Then each measure's ratio to the best loader. Also in the same run: a plain boto3 download of every shard
+through the proxy (what the link gives one client) and, with `--baseline-src DIR` (a checkout of an older
+dataflow, e.g. `git worktree add /tmp/old HEAD~5`), the same cases on that code.
 
-    python tools/bench_remote.py                                   # 4 shards, 32M tokens, 20ms/100MB/s and 100ms/25MB/s
+    python tools/bench_remote.py                          # 4 shards, 32M tokens, 20ms/100MB/s and 100ms/25MB/s
+    python tools/bench_remote.py --quick --peers none     # a smoke run: dataflow alone, 2M tokens, one condition
     python tools/bench_remote.py --tokens 16M --conditions 100:25 --workers 0 --baseline-src /tmp/old
 """
 
@@ -25,12 +36,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "bench"
-SEQ, BATCH = 2048, 8
+SEQ = 2048
 
 
 def _port() -> int:
@@ -69,9 +79,9 @@ def write_dataset(out: str, tokens: int, shards: int) -> str:
 
 
 class Moto:
-    """moto's S3 server in a subprocess, holding the dataset at s3://bench/ds."""
+    """moto's S3 server in a subprocess, with the bucket `bench`: each loader's dataset under its own prefix."""
 
-    def __init__(self, dataset: str):
+    def __init__(self):
         self.port = _port()
         exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
         self.proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(self.port)], stdout=subprocess.DEVNULL,
@@ -85,8 +95,13 @@ class Moto:
                 break
             except Exception:
                 time.sleep(0.05)
-        for name in os.listdir(dataset):
-            self.client.upload_file(os.path.join(dataset, name), BUCKET, f"ds/{name}")
+
+    def upload(self, folder: str, prefix: str) -> None:
+        """Every file under `folder` to s3://bench/PREFIX/ (relative paths kept)."""
+        for base, _, names in os.walk(folder):
+            for name in names:
+                path = os.path.join(base, name)
+                self.client.upload_file(path, BUCKET, f"{prefix}/{os.path.relpath(path, folder)}")
 
     def close(self) -> None:
         self.proc.terminate()
@@ -118,107 +133,93 @@ class Proxy:
         self.proc.wait(timeout=30)
 
 
-def _tree_rss(pid: int) -> int:
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        procs = [p] + p.children(recursive=True)
-    except psutil.Error:
-        return 0
-    total = 0
-    for q in procs:
-        try:
-            total += q.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
+ADAPTERS = {"dataflow": "remote_dataflow", "baseline": "remote_dataflow", "mosaic": "remote_mosaic",
+            "litdata": "remote_litdata", "webdataset": "remote_webdataset"}
+PEERS = ("mosaic", "litdata", "webdataset")
 
 
-def _folder_bytes(folder: str) -> int:
-    total = 0
-    for base, _, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.path.getsize(os.path.join(base, name))
-            except OSError:
-                pass
-    return total
+def _adapter_module(code: str):
+    import importlib
+
+    sys.path.insert(0, ROOT)
+    return importlib.import_module(f"tools.peers.{ADAPTERS[code]}")
 
 
 def child(spec: dict) -> dict:
-    """One case, in this (fresh) process: cold epoch, then a resume at half an epoch on a fresh cache."""
-    if spec.get("src"):
-        sys.path.insert(0, spec["src"])
-    else:
-        sys.path.insert(0, ROOT)
-    from dataflow import StreamingDataLoader, StreamingDataset
+    """One case, in this (fresh) process: `tools/peers/remote_case.py` over the code's adapter."""
+    module = _adapter_module(spec["code"])
+    from tools.peers.remote_case import run
 
-    opts = {"client_kwargs": {"endpoint_url": spec["endpoint"]}}
-    peak, cache_peak = [0], [0]
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], _tree_rss(os.getpid()))
-            for part in ("cold", "resumed"):  # two caches, one limit each
-                cache_peak[0] = max(cache_peak[0], _folder_bytes(os.path.join(spec["cache"], part)))
-            time.sleep(0.02)
-
-    threading.Thread(target=poll, daemon=True).start()
-
-    def loader(cache: str) -> StreamingDataLoader:
-        ds = StreamingDataset(f"s3://{BUCKET}/ds", seq_len=SEQ, seed=1, shuffle_window=spec["window"],
-                              cache_dir=cache, cache_limit=spec["limit"], storage_options=opts)
-        return StreamingDataLoader(ds, batch_size=BATCH, num_workers=spec["workers"])
-
-    t0 = time.perf_counter()
-    cold = loader(os.path.join(spec["cache"], "cold"))
-    opened = time.perf_counter() - t0
-    it = iter(cold)
-    next(it)
-    first = time.perf_counter() - t0
-    n = 1
-    half = len(cold) // 2
-    state = None
-    for _ in it:
-        n += 1
-        if n == half:
-            state = cold.state_dict()
-    epoch_s = time.perf_counter() - t0
-    tokens = n * BATCH * SEQ
-    cold.close()
-    print(json.dumps({"mark": "resume"}), flush=True)
-    sys.stdin.readline()  # the parent reads the proxy's counters between the two parts
-    t0 = time.perf_counter()
-    resumed = loader(os.path.join(spec["cache"], "resumed"))
-    resumed.load_state_dict(state)
-    it = iter(resumed)
-    next(it)
-    first_resumed = time.perf_counter() - t0
-    rest = 1 + sum(1 for _ in it)
-    resumed.close()
-    stop.set()
-    return {"open_s": opened, "first_s": first, "epoch_s": epoch_s, "tokens": tokens, "first_resumed_s": first_resumed,
-            "rest_batches": rest, "batches": n, "peak_rss": peak[0], "cache_peak": cache_peak[0]}
+    return run(spec, module.Adapter(spec))
 
 
-def run_case(spec: dict, proxy: Proxy) -> dict:
+def write_samples(dataset: str, work: str) -> int:
+    """Each shard's token stream as a uint16 file under work/tokens (what the peers' formats are written from)
+    and the sorted hashes of every window (work/expected.npy); the number of windows."""
+    import numpy as np
+
+    sys.path.insert(0, ROOT)
+    from dataflow.formats.manifest import read_manifest
+    from dataflow.formats.reader import iter_documents
+    from tools.peers.remote_samples import expected_hashes
+
+    m = read_manifest(dataset)
+    os.makedirs(os.path.join(work, "tokens"))
+    for i, shard in enumerate(m.shards):
+        with open(os.path.join(work, "tokens", f"{i:05d}.bin"), "wb") as f:
+            for _, toks in iter_documents(dataset, m, shards=[shard]):
+                f.write(toks.astype(np.uint16).tobytes())
+    expected = expected_hashes(work)
+    np.save(os.path.join(work, "expected.npy"), expected)
+    return len(expected)
+
+
+def convert(code: str, work: str, python: str) -> tuple[str, str]:
+    """The peer's format written from the samples, in the peer's environment (before any clock): (folder,
+    description)."""
+    out = os.path.join(work, f"fmt-{code}")
+    p = subprocess.run([python, os.path.abspath(__file__), "--convert", code, "--work", work, "--out", out],
+                       capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise RuntimeError(f"converting to {code} failed: {p.stderr.strip().splitlines()[-1:]}")
+    return out, p.stdout.strip().splitlines()[-1]
+
+
+def run_case(spec: dict, proxy: Proxy, python: str, log: str) -> dict:
+    """One case in a fresh process of `python`; the proxy's counts of its cold part and of its resume."""
     before = proxy.stats()
-    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    line = p.stdout.readline()
-    assert json.loads(line)["mark"] == "resume", line
-    mid = proxy.stats()
-    p.stdin.write("\n")
-    p.stdin.flush()
-    out = json.loads(p.stdout.read().strip().splitlines()[-1])
-    p.wait()
+    env = dict(os.environ, AWS_ENDPOINT_URL=spec["endpoint"])  # any client without an endpoint stays local
+    with open(log, "w") as err:
+        p = subprocess.Popen([python, os.path.abspath(__file__), "--child", json.dumps(spec)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT, env=env)
+        marked, last = False, None
+        for line in p.stdout:
+            msg = _json_line(line)
+            if msg and msg.get("mark") == "resume" and not marked:
+                marked, mid = True, proxy.stats()
+                p.stdin.write("\n")
+                p.stdin.flush()
+            elif msg and "first_s" in msg:
+                last = msg
+        p.wait()
+    if last is None or p.returncode != 0:
+        with open(log) as f:
+            lines = [x.strip() for x in f.read().splitlines() if x.strip()]
+        named = [x for x in lines if "Error" in x or "Exception" in x]  # the exception, not its debug dump
+        return {"error": ((named or lines or [f"exit {p.returncode}"])[-1])[:160] + f" (log: {log})"}
     after = proxy.stats()
-    out["fetched"] = mid["down"] - before["down"]
-    out["fetched_resumed"] = after["down"] - mid["down"]
-    out["gets"] = mid["requests"] - before["requests"]
-    return out
+    last["fetched"] = mid["down"] - before["down"]
+    last["fetched_resumed"] = after["down"] - mid["down"]
+    last["gets"] = mid["requests"] - before["requests"]
+    return last
+
+
+def _json_line(line: str) -> dict | None:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    return msg if isinstance(msg, dict) else None
 
 
 def raw_download(proxy: Proxy, names: list[str]) -> float:
@@ -232,9 +233,12 @@ def raw_download(proxy: Proxy, names: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--convert", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", default="32M", help="dataset size in tokens (K/M suffix)")
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--conditions", default="20:100,100:25", help="round trip ms : cap MB/s, comma-separated")
@@ -242,66 +246,116 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=8, help="shuffle_window")
     ap.add_argument("--limit", default="none", help="cache_limit")
     ap.add_argument("--baseline-src", help="a checkout of another dataflow to measure the same cases on")
+    ap.add_argument("--peers", default=",".join(PEERS), help=f"of {','.join(PEERS)}, comma-separated, or none")
+    ap.add_argument("--peer-python", default=os.path.join(ROOT, ".bench-venv", "bin", "python"),
+                    help="the interpreter with the peers installed (`make bench-setup` builds .bench-venv)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 2M tokens, 20 ms / 100 MB/s, 0 workers, where not given")
+    ap.add_argument("--json", help="write every case's figures to this file")
     args = ap.parse_args()
+    for name, quick in (("tokens", "2M"), ("conditions", "20:100"), ("workers", "0")):
+        if args.quick and getattr(args, name) == ap.get_default(name):
+            setattr(args, name, quick)
+    args.peers = [] if args.peers == "none" else args.peers.split(",")
+    unknown = [p for p in args.peers if p not in PEERS]
+    if unknown:
+        ap.error(f"unknown peer {unknown[0]}: the peers are {', '.join(PEERS)}")
+    if args.peers and not os.path.exists(args.peer_python):
+        ap.error(f"{args.peer_python} not found: `make bench-setup` builds it, or pass --peers none")
+    return args
+
+
+def main() -> None:
+    args = _parse()
     if args.child:
         print(json.dumps(child(json.loads(args.child))), flush=True)
+        return
+    if args.convert:
+        print(_adapter_module(args.convert).convert(args.work, args.out), flush=True)
         return
     os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
     tokens = int(float(args.tokens.rstrip("KMkm")) * {"k": 1e3, "m": 1e6}.get(args.tokens[-1].lower(), 1))
     work = tempfile.mkdtemp(prefix="bench-remote-")
     try:
-        _bench(args, tokens, work)
+        results = _bench(args, tokens, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
-def _bench(args: argparse.Namespace, tokens: int, work: str) -> None:
+def _folder_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
+
+
+def _bench(args: argparse.Namespace, tokens: int, work: str) -> list[dict]:
     sys.path.insert(0, ROOT)
     from dataflow.formats.manifest import read_manifest
 
     ds = write_dataset(os.path.join(work, "ds"), tokens, args.shards)
     shards = read_manifest(ds).shards
-    data_bytes = sum(s.bytes for s in shards)
-    bpt = data_bytes / sum(s.tokens for s in shards)
-    print(f"dataset: {len(shards)} shards, {sum(s.tokens for s in shards) / 1e6:.1f}M tokens, {data_bytes / 1e6:.1f} MB "
-          f"zstd ({bpt:.3f} bytes/token), shuffle_window={args.window}, cache_limit={args.limit}")
-    moto = Moto(ds)
-    codes = [("dataflow", None)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
+    n_tokens, data_bytes = sum(s.tokens for s in shards), sum(s.bytes for s in shards)
+    bpt = data_bytes / n_tokens
+    samples = write_samples(ds, work)
+    print(f"dataset: {len(shards)} shards, {n_tokens / 1e6:.1f}M tokens ({samples} samples of {SEQ + 1}), "
+          f"{data_bytes / 1e6:.1f} MB zstd ({bpt:.3f} bytes/token), shuffle_window={args.window}, "
+          f"cache_limit={args.limit}")
+    moto = Moto()
     try:
-        for cond in args.conditions.split(","):
-            latency, mbps = (float(x) for x in cond.split(":"))
-            proxy = Proxy(moto.port, latency, mbps, work)
-            try:
-                raw = raw_download(proxy, [s.path for s in shards])
-                print(f"\n{latency:.0f} ms / {mbps:.0f} MB/s: ceiling {mbps * 1e6 / bpt / 1e6:.1f}M tokens/s; one "
-                      f"client's GETs of every shard {raw:.2f} s ({data_bytes / raw / 1e6:.1f} MB/s)")
-                print(f"{'code':9} {'workers':>7} {'open s':>7} {'first s':>8} {'resumed s':>9} {'ceiling':>8} {'fetched':>8} "
-                      f"{'after resume':>12} {'GETs':>5} {'peak MB':>8} {'cache MB':>8}")
-                results = {}
-                for workers in (int(w) for w in args.workers.split(",")):
-                    for code, src in codes:
-                        spec = {"endpoint": f"http://127.0.0.1:{proxy.port}", "workers": workers, "src": src,
-                                "window": args.window, "limit": args.limit,
-                                "cache": os.path.join(work, f"cache-{code}-{workers}-{latency}")}
-                        r = run_case(spec, proxy)
-                        results[(code, workers)] = r
-                        share = r["tokens"] / r["epoch_s"] / (mbps * 1e6 / bpt)
-                        print(f"{code:9} {workers:>7} {r['open_s']:>7.2f} {r['first_s']:>8.2f} {r['first_resumed_s']:>9.2f} {share:>8.2f} "
-                              f"{r['fetched'] / data_bytes:>7.2f}x {r['fetched_resumed'] / data_bytes:>11.2f}x "
-                              f"{r['gets']:>5} {r['peak_rss'] / 1e6:>8.0f} {r['cache_peak'] / 1e6:>8.0f}")
-                        shutil.rmtree(spec["cache"], ignore_errors=True)
-                    if ("baseline", workers) in results:
-                        a, b = results[("dataflow", workers)], results[("baseline", workers)]
-                        print(f"  ratios dataflow/baseline, {workers} workers: first batch {a['first_s'] / b['first_s']:.2f}, "
-                              f"after resume {a['first_resumed_s'] / b['first_resumed_s']:.2f}, epoch time "
-                              f"{a['epoch_s'] / b['epoch_s']:.2f}, fetched after resume "
-                              f"{a['fetched_resumed'] / max(b['fetched_resumed'], 1):.2f}, peak memory "
-                              f"{a['peak_rss'] / b['peak_rss']:.2f}")
-            finally:
-                proxy.close()
+        return _cases(args, moto, ds, shards, work)
     finally:
         moto.close()
+
+
+def _cases(args: argparse.Namespace, moto: Moto, ds: str, shards: list, work: str) -> list[dict]:
+    """The peers' formats converted and uploaded, then every case under every condition, its row printed."""
+    from tools.peers.remote_report import HEADER, derive, ratios, row
+
+    n_tokens, data_bytes = sum(s.tokens for s in shards), sum(s.bytes for s in shards)
+    bpt = data_bytes / n_tokens
+    moto.upload(ds, "ds")
+    sizes = {"dataflow": data_bytes, "baseline": data_bytes}
+    codes = [("dataflow", sys.executable, None)]
+    codes += [("baseline", sys.executable, args.baseline_src)] if args.baseline_src else []
+    for peer in args.peers:
+        t0 = time.perf_counter()
+        folder, what = convert(peer, work, args.peer_python)
+        sizes[peer] = _folder_bytes(folder)
+        moto.upload(folder, peer)
+        print(f"{peer}: {what}; {sizes[peer] / 1e6:.1f} MB ({sizes[peer] / n_tokens:.3f} bytes/token), written in "
+              f"{time.perf_counter() - t0:.1f} s (before the clock)")
+        codes.append((peer, args.peer_python, None))
+    results: list[dict] = []
+    for cond in args.conditions.split(","):
+        latency, mbps = (float(x) for x in cond.split(":"))
+        proxy = Proxy(moto.port, latency, mbps, work)
+        try:
+            raw = raw_download(proxy, [s.path for s in shards])
+            ceiling = mbps * 1e6 / bpt
+            print(f"\n{latency:.0f} ms / {mbps:.0f} MB/s: ceiling {ceiling / 1e6:.1f}M tokens/s (dataflow's bytes "
+                  f"per token; the ceiling column of every loader is against it); one client's GETs of every "
+                  f"shard {raw:.2f} s ({data_bytes / raw / 1e6:.1f} MB/s); fetched: x the loader's own bytes")
+            print(HEADER)
+            for workers in (int(w) for w in args.workers.split(",")):
+                by_code = {}
+                for code, python, src in codes:
+                    spec = {"code": code, "endpoint": f"http://127.0.0.1:{proxy.port}", "bucket": BUCKET,
+                            "workers": workers, "src": src, "window": args.window, "limit": args.limit,
+                            "shards": len(shards), "expected": os.path.join(work, "expected.npy"),
+                            "cache": os.path.join(work, f"cache-{code}-{workers}-{latency}")}
+                    r = derive(run_case(spec, proxy, python, os.path.join(work, f"{code}.log")), sizes[code],
+                               ceiling)
+                    shutil.rmtree(spec["cache"], ignore_errors=True)
+                    by_code[code] = r
+                    results.append(dict(r, code=code, workers=workers, latency_ms=latency, mbps=mbps))
+                    print(row(code, workers, r), flush=True)
+                for line in ratios(workers, by_code):
+                    print(line)
+        finally:
+            proxy.close()
+    return results
 
 
 if __name__ == "__main__":
