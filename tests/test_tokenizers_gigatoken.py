@@ -8,6 +8,9 @@ gigatoken cannot run.
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import subprocess
 import sys
 
 import numpy as np
@@ -223,3 +226,33 @@ def test_an_input_sample_checked_after_the_load_can_still_refuse_the_engine(fres
     pinned = load_tokenizer(str(GPT2_JSON), "gigatoken")
     with pytest.raises(ConfigError, match="--engine gigatoken cannot give this tokenizer's ids"):
         pinned.check_sample(["a text the engine now gets wrong"])
+
+
+def test_loading_imports_what_batches_need_only_for_the_processes_that_encode(fresh_proofs):
+    """A process that loads a proven engine without encoding or checking with it (a finished run's rerun, a tool)
+    imports neither awkward (gigatoken's ids, ~0.13 s; ~0.6 s uncompiled) nor pyarrow.compute; one about to
+    fork its workers imports awkward once for all of them (`share_check_with_forks`). (A proof, or a check,
+    imports it anyway: gigatoken's own encode_batch_list does.)"""
+    load_tokenizer(str(GPT2_JSON))  # proven, and remembered
+    code = ("import sys\nfrom dataflow.tokenizers.load import load_tokenizer\n"
+            "tok = load_tokenizer(sys.argv[1])\nprint(tok.engine, 'awkward' in sys.modules, 'pyarrow.compute' in "
+            "sys.modules)\ntok.share_check_with_forks()\nprint('awkward' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code, str(GPT2_JSON)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "DATAFLOW_PROOF_CACHE": str(fresh_proofs)},
+                       cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["gigatoken", "False", "False", "True"], p.stdout
+
+
+def test_a_file_remembered_here_skips_the_id_check_with_engine_hf_too(fresh_proofs, monkeypatch):
+    """--engine hf, and decode (which loads a dataset's copy with it), skip `check_ids` (parsing the whole JSON,
+    ~0.08 s) for a file this machine remembers, which passed it; the metadata is still compared."""
+    first = load_tokenizer(str(GPT2_JSON))  # checked, and remembered
+    checks = []
+    real = hf_reference.check_ids
+    monkeypatch.setattr(hf_reference, "check_ids", lambda *args: checks.append(args[1]) or real(*args))
+    again = load_tokenizer(str(GPT2_JSON), "hf")
+    assert again.engine == "hf" and again.meta == first.meta and checks == []
+    (record,) = fresh_proofs.glob("*.meta.json")
+    record.unlink()
+    assert load_tokenizer(str(GPT2_JSON), "hf").meta == first.meta and checks == [str(GPT2_JSON)]

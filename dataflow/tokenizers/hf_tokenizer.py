@@ -74,7 +74,8 @@ class HFTokenizer(Tokenizer):
         self._specials: list[str] | None = None
         self._forks_checked_by: int | None = None  # see share_check_with_forks
         self._gave_ids = False  # the engine is final once True
-        recalled = hf_reference.recall_meta(source, self._sha256) if engine != "hf" else None
+        recalled = hf_reference.recall_meta(source, self._sha256)  # with --engine hf (decode too) the reference
+        # loads below and compares it; a file remembered has passed check_ids, which it then skips (~0.08 s)
         self.meta, self.template = recalled or (None, ((), ()))
         self.meta = self._provenance(self.meta)
         self.config_tokens = hf_reference.config_tokens(source)
@@ -126,8 +127,12 @@ class HFTokenizer(Tokenizer):
     def share_check_with_forks(self) -> None:
         """Forks of this process from now on run this very engine, which this process compares with `tokenizers`
         on the input (`check_sample`, and whoever started them stops them should it differ): they do not check
-        their own first SAMPLE_CHARS again, so they never load `tokenizers` (about 0.3 s a process)."""
+        their own first SAMPLE_CHARS again, so they never load `tokenizers` (about 0.3 s a process); and they
+        inherit what the engine imports for its batches (`before_fork`)."""
         self._forks_checked_by = os.getpid()
+        before_fork = getattr(self._fast, "before_fork", None)
+        if before_fork is not None:
+            before_fork()
 
     # --- the input checks ------------------------------------------------------------------------
 
