@@ -100,6 +100,7 @@ PREPROCESS_ROLES = [
     ("run", "merge", "decode"),  # the commands: `dataflow tokenize` (plans, drives, commits, resumes), merge, decode
     ("finish",),  # the manifests: the commit point
     ("startup",),  # the checks before any commit, the journal's start
+    ("task",),  # one task's run: its resolved settings, layout, plan and journal
     ("ownership",),  # which files in the output are the run's own
     ("layout",),  # where one task writes
     ("config",),  # the run's settings

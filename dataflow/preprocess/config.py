@@ -1,16 +1,19 @@
-"""The settings of a `dataflow tokenize` run (`TokenizeConfig`): what they are, which of them change the
-output bytes (`output_settings`: a rerun must match them to resume), the checks that refuse settings that
-cannot work, and the framing of the documents they give with a tokenizer (`framing_of`)."""
+"""The settings of a `dataflow tokenize` run (`TokenizeConfig`): what they are and how the command line spells
+them (`setting`), which of them change the output bytes (`output_settings`: a rerun must match them to resume),
+the checks that refuse settings that cannot work, the resolved form the run reads (`ResolvedConfig`), and the
+framing of the documents they give with a tokenizer (`framing_of`)."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import json
+import operator
 import os
 import re
-from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Callable
 
 import fsspec
 
@@ -20,9 +23,7 @@ from dataflow.formats import remote
 from dataflow.formats.manifest import SPECIAL_TOKEN_RULES, Framing, TokenizerMeta
 from dataflow.formats.remote_errors import missing_backend
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size
-from dataflow.preprocess.executors import check_executor
 from dataflow.preprocess.journal import input_digest
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
 from dataflow.tokenizers.hf_reference import CONFIG_NAME
 from dataflow.tokenizers.tiktoken_files import split_spec, tiktoken_spec
 
@@ -32,56 +33,110 @@ if TYPE_CHECKING:
 MIN_UNIT_SIZE = 64 << 10  # --unit-size below this only multiplies units (a 1-byte unit per input byte)
 
 
+def setting(value: Any = MISSING, flag: tuple[str, ...] = (), help: str = "", *, output: bool = True,
+            from_arg: Callable[[Any], Any] | None = None, **argparse_options: Any) -> Any:
+    """A field of `TokenizeConfig` with how `dataflow tokenize` spells it (`command.py` builds its parser from
+    these): `value` its default, `flag` its names (a positional's name alone), `help`, argparse's options
+    (`type`, `choices`, ...; a `default` there is the command line's own), `from_arg` what turns the parsed value into the setting's, and
+    `output` whether it changes the output bytes (a rerun must match those to resume: `output_settings`)."""
+    metadata = {"flag": flag, "help": help, "output": output, "from_arg": from_arg, "argparse": argparse_options}
+    return field(metadata=metadata) if value is MISSING else field(default=value, metadata=metadata)
+
+
+def workers_arg(text: str) -> int | str:
+    """--workers N, or auto (one per CPU); the range is checked with the other settings, in one line."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes nor auto") from None
+
+
+def unit_size_arg(text: str | None) -> int | None:
+    """--unit-size as a number of bytes (none given: the default)."""
+    return parse_size(text) if text else None
+
+
 @dataclass
 class TokenizeConfig:
-    inputs: list[str]
-    out: str
-    tokenizer: str = "bytes"
-    engine: str = "auto"
-    text_field: str = "text"
-    id_field: str = "id"
-    format: str = "arrow"
-    compression: str = "zstd"
-    zstd_level: int | None = None
-    shard_size: int | str = DEFAULT_SHARD_SIZE
-    workers: int | str = "auto"  # "auto" (or 0): one per CPU
-    executor: str = "local"
-    seed: int = 0
-    val_fraction: float = 0.0
-    eos: bool = True  # the EOS after each document (see config.framing_of)
-    bos: bool | None = None  # the BOS before it: None = as the tokenizer's post-processor frames a sequence
-    bos_token: str | None = None  # the BOS's string (default: the template's, else tokenizer_config.json's)
-    eos_token: str | None = None  # the EOS's string (default: tokenizer_config.json's, else the tokenizer's own)
-    special_tokens: str = "text"  # "text": special-token strings in documents encoded as text; "parse": as ids
-    max_errors: int = 100
-    unit_bytes: int | None = None  # input per bundle of work (None: DEFAULT_UNIT_BYTES); shards never span two
-    num_tasks: int = 1
-    task_index: int = 0
-    overwrite: bool = False
-    progress: bool = True
+    """The settings of one `dataflow tokenize` run, as given (the command line's, or a caller's); `resolve()`
+    checks them and returns the form the run uses."""
+
+    inputs: list[str] = setting(flag=("inputs",), nargs="+", help="files, globs, folders or fsspec URLs: "
+                                ".jsonl/.json (a document a line), .parquet (a document a row), .txt (a document a "
+                                "file); .jsonl and .txt optionally .gz, .zst, .bz2 or .xz")
+    out: str = setting(flag=("-o", "--out"), required=True, output=False, help="output dataset folder")
+    tokenizer: str = setting("bytes", ("--tokenizer",), "bytes | PATH/URL to tokenizer.json | tiktoken:PATH")
+    engine: str = setting("auto", ("--engine",), "what encodes a tokenizer.json: auto = the fastest engine proven "
+                          "to give the ids of tokenizers (gigatoken, then tiktoken, then hf = tokenizers itself); "
+                          "naming one forces it", choices=["auto", "gigatoken", "tiktoken", "hf"])
+    text_field: str = setting("text", ("--text-field",), "JSON/Parquet field holding each document's text")
+    id_field: str = setting("id", ("--id-field",), "field holding each document's id (a stable id is derived "
+                            "from file and line when absent)")
+    format: str = setting("arrow", ("--format",), "shard format: Arrow IPC files or WebDataset tars",
+                          choices=["arrow", "tar"])
+    compression: str = setting("zstd", ("--compression",), "shard compression", choices=["zstd", "none"])
+    zstd_level: int | None = setting(None, ("--zstd-level",), "zstd level: 1 (fast) to 22 (small), or negative "
+                                     "down to -131072 for faster, larger shards (default: Arrow's own, 1, for "
+                                     "arrow shards; 3 for tar)", type=int)
+    shard_size: int | str = setting(DEFAULT_SHARD_SIZE, ("--shard-size",), "token bytes a shard reaches before it "
+                                    "ends, counted before compression (e.g. 256MB): a shard ends with the document "
+                                    "that reaches it (documents are never split, so a shard may pass it by one "
+                                    "document; its file also holds ids and offsets); a bundle's end also ends its "
+                                    "shards", default="128MB")
+    workers: int | str = setting("auto", ("--workers",), "worker processes: a number, or auto (also written 0) "
+                                 "for one per CPU", output=False, type=workers_arg)
+    seed: int = setting(0, ("--seed",), "seed of the per-document train/val split", type=int)
+    val_fraction: float = setting(0.0, ("--val-fraction",), "share of documents put in OUT/val (0: one dataset "
+                                  "in OUT, no split)", type=float)
+    eos: bool = setting(True, ("--eos",), "append the EOS after each document (default; --no-eos: documents run "
+                        "on unended); a post-processor template that ends in the EOS gets no second one",
+                        action=argparse.BooleanOptionalAction)  # see `framing_of`
+    bos: bool | None = setting(None, ("--bos",), "put the BOS before each document (default: as the tokenizer's "
+                               "post-processor frames a single sequence: Llama-3, Llama-2, Mistral yes; GPT-2, "
+                               "Qwen no)", action=argparse.BooleanOptionalAction)  # None: as the template says
+    bos_token: str | None = setting(None, ("--bos-token",), "the BOS's string (implies --bos; default: the "
+                                    "post-processor's, else tokenizer_config.json's bos_token)", metavar="TOKEN")
+    eos_token: str | None = setting(None, ("--eos-token",), "the EOS's string (default: the eos_token of the "
+                                    "tokenizer_config.json beside the tokenizer.json, else the tokenizer's "
+                                    "end-of-text token)", metavar="TOKEN")
+    special_tokens: str = setting("text", ("--special-tokens",), "special-token strings inside documents "
+                                  "(<|endoftext|>, <s>): text = encoded as the text they are (default: a document "
+                                  "never injects a control token); parse = as their ids, as tokenizers' encode "
+                                  "gives them", choices=["text", "parse"])
+    max_errors: int = setting(100, ("--max-errors",), "bad records tolerated before failing", output=False,
+                              type=int)
+    unit_bytes: int | None = setting(None, ("--unit-size",), "input bytes per bundle of work, 64KB or more (JSONL "
+                                     "is cut into line-aligned pieces of this size, a compressed file as it is "
+                                     "decompressed; default 32MB); a shard never spans two bundles, so this is an "
+                                     "output setting", from_arg=unit_size_arg)  # None: DEFAULT_UNIT_BYTES
+    num_tasks: int = setting(1, ("--num-tasks",), "split the job into K task slices (Slurm arrays, ...)", type=int)
+    task_index: int = setting(0, ("--task-index",), "which slice this run does (0-based)", output=False, type=int)
+    executor: str = setting("local", ("--executor",), "local: a process pool; ray: tasks on the Ray cluster at "
+                            "RAY_ADDRESS (extra `ray`)", output=False, choices=["local", "ray"])
+    overwrite: bool = setting(False, ("--overwrite",), "replace an existing dataset made with other settings",
+                              output=False, action="store_true")
+    progress: bool = setting(True, ("--no-progress",), "no progress bar on stderr", output=False,
+                             action="store_true", from_arg=operator.not_)
 
     def __post_init__(self) -> None:
         self.out = output_location(self.out)
 
-    def output_settings(self, inputs: list[list[Any]]) -> dict[str, Any]:
-        """Everything that changes the output bytes; a rerun must match these to resume. `inputs`: the files
-        the inputs name, as [name in ids, bytes] (`startup.TaskPlan.inputs`), not the arguments as typed: a
-        file added, removed or resized since an interrupted run would shift every unit after it."""
-        d = asdict(self)
-        for k in ("out", "workers", "executor", "task_index", "overwrite", "progress", "max_errors"):
-            d.pop(k)
-        d["inputs"] = input_digest(inputs)
-        d["unit_bytes"] = self.unit_bytes or DEFAULT_UNIT_BYTES  # shards end where bundles end
-        d["shard_size"] = parse_size(self.shard_size)
-        d["tokenizer"] = tokenizer_identity(self.tokenizer)
-        d["bos"] = "template" if self.bos is None else self.bos
-        beside = config_identity(self.tokenizer)  # it may name the EOS: another one is other output
-        if beside is not None:
-            d["tokenizer_config"] = beside
-        return json.loads(json.dumps(d))
+    def resolve(self) -> ResolvedConfig:
+        """The settings checked (`check`) and resolved, once: sizes as integers, the worker count, the splits."""
+        from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES  # (here: `dataflow`'s parser reads these fields)
+
+        self.check()
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(shard_size=parse_size(self.shard_size), workers=worker_count(self.workers),
+                      unit_bytes=self.unit_bytes or DEFAULT_UNIT_BYTES)  # shards end where bundles end
+        return ResolvedConfig(**values, splits=("train",) if self.val_fraction <= 0 else ("train", "val"))
 
     def check(self) -> None:
         """Refuse settings that cannot work or contradict each other: one `ConfigError` line naming the flag."""
+        from dataflow.preprocess.executors import check_executor  # (here: it starts no worker machinery)
+
         if not self.out:
             raise ConfigError("-o/--out is empty; pass the folder or URL to write the dataset to")
         if self.out.rstrip("/").endswith(".json"):
@@ -119,6 +174,58 @@ class TokenizeConfig:
             if token is not None and not token:
                 raise ConfigError(f"{flag} is empty; pass the token's string (e.g. <|endoftext|>)")
 
+
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A run's settings checked and resolved (`TokenizeConfig.resolve`): what every module of the run reads."""
+
+    inputs: list[str]
+    out: str
+    tokenizer: str
+    engine: str
+    text_field: str
+    id_field: str
+    format: str
+    compression: str
+    zstd_level: int | None
+    shard_size: int  # token bytes
+    workers: int  # processes
+    seed: int
+    val_fraction: float
+    eos: bool
+    bos: bool | None
+    bos_token: str | None
+    eos_token: str | None
+    special_tokens: str
+    max_errors: int
+    unit_bytes: int  # input bytes per bundle
+    num_tasks: int
+    task_index: int
+    executor: str
+    overwrite: bool
+    progress: bool
+    splits: tuple[str, ...]  # ("train",), or ("train", "val") with --val-fraction
+
+    @property
+    def tasked(self) -> bool:
+        """Whether this run is one task slice of several (`--num-tasks`), writing its `part-*`."""
+        return self.num_tasks > 1
+
+    def output_settings(self, inputs: list[list[Any]]) -> dict[str, Any]:
+        """Everything that changes the output bytes; a rerun must match these to resume. `inputs`: the files
+        the inputs name, as [name in ids, bytes] (`TaskPlan.inputs`), not the arguments as typed: a file
+        added, removed or resized since an interrupted run would shift every unit after it. (The run computes
+        them once: `task.Run.settings`.)"""
+        d = {f.name: getattr(self, f.name) for f in fields(TokenizeConfig) if f.metadata["output"]}
+        d["inputs"] = input_digest(inputs)
+        d["tokenizer"] = tokenizer_identity(self.tokenizer)
+        d["bos"] = "template" if self.bos is None else self.bos
+        beside = config_identity(self.tokenizer)  # it may name the EOS: another one is other output
+        if beside is not None:
+            d["tokenizer_config"] = beside
+        return json.loads(json.dumps(d))
 
 def output_location(out: str) -> str:
     """-o as the place it names: `file:///abs/ds` is the folder /abs/ds (not ./file:/abs/ds); a URL's path
@@ -199,7 +306,7 @@ def _content_sha256(path: str, stamp: tuple | None) -> str | None:
 # same framed ids; the manifest records it (formats.manifest.Framing).
 
 
-def framing_of(cfg: TokenizeConfig, tok: Tokenizer) -> Framing:
+def framing_of(cfg: ResolvedConfig, tok: Tokenizer) -> Framing:
     """The framing of this run's documents: `cfg`'s flags over the tokenizer's own template and config."""
     prefix, suffix = tok.template
     eos_id = _eos(cfg, tok, suffix) if cfg.eos else None
@@ -211,7 +318,7 @@ def framed_meta(meta: TokenizerMeta, framing: Framing) -> TokenizerMeta:
     return replace(meta, eos_id=meta.eos_id if framing.eos_id is None else framing.eos_id, framing=framing)
 
 
-def _bos(cfg: TokenizeConfig, tok: Tokenizer, prefix: tuple[int, ...]) -> int | None:
+def _bos(cfg: ResolvedConfig, tok: Tokenizer, prefix: tuple[int, ...]) -> int | None:
     if cfg.bos is False:
         return None
     if cfg.bos_token is not None:
@@ -230,7 +337,7 @@ def _bos(cfg: TokenizeConfig, tok: Tokenizer, prefix: tuple[int, ...]) -> int | 
     return _id_of(tok, named, "tokenizer_config.json's bos_token")
 
 
-def _eos(cfg: TokenizeConfig, tok: Tokenizer, suffix: tuple[int, ...]) -> int:
+def _eos(cfg: ResolvedConfig, tok: Tokenizer, suffix: tuple[int, ...]) -> int:
     if cfg.eos_token is not None:
         eos = _id_of(tok, cfg.eos_token, "--eos-token")
     elif "eos_token" in tok.config_tokens:

@@ -24,8 +24,7 @@ from dataflow.tokenizers.load import Tokenizer
 from dataflow.version import __version__
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.config import TokenizeConfig
-    from dataflow.preprocess.startup import TaskPlan
+    from dataflow.preprocess.task import Run
 
 
 def copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
@@ -45,13 +44,13 @@ def _framed(tok: Tokenizer, meta: TokenizerMeta) -> TokenizerMeta:
     return meta if framing is None else framed_meta(meta, framing)
 
 
-def write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, metas: dict[str, TokenizerMeta],
-                    files: list[str], plan: TaskPlan) -> dict[str, dict[str, int]]:
+def write_manifests(run: Run, progress: Progress, metas: dict[str, TokenizerMeta]) -> dict[str, dict[str, int]]:
     """Every split's manifest over the shards the journal lists; then the work folder goes."""
-    provenance: dict[str, Any] = {"inputs": files, "input_files": plan.inputs,  # [name in ids, bytes] each
-                                  "settings": cfg.output_settings(plan.inputs), "dataflow": __version__,
+    cfg, layout, plan = run.cfg, run.layout, run.plan
+    provenance: dict[str, Any] = {"inputs": run.files, "input_files": plan.inputs,  # [name in ids, bytes] each
+                                  "settings": run.settings, "dataflow": __version__,
                                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if layout.tasked:
+    if cfg.tasked:
         provenance["task"] = {"index": cfg.task_index, "of": cfg.num_tasks, "bundles": list(plan.task_bundles)}
     datasets = {}
     for split in layout.splits:
@@ -75,11 +74,12 @@ def write_manifests(cfg: TokenizeConfig, layout: Layout, progress: Progress, met
     return datasets
 
 
-def refuse_empty(layout: Layout, progress: Progress, files: list[str]) -> None:
+def refuse_empty(run: Run, progress: Progress) -> None:
     """An `InputError` instead of a dataset of no document (training on it fails later, far from the cause):
     the inputs held no record, or every record was bad (and the error log says why, each)."""
     if progress.documents:
         return
+    layout, files = run.layout, run.files
     what = files[0] if len(files) == 1 else f"the {len(files)} input files"
     if progress.errors == 0:  # nothing to show: the run leaves nothing behind
         shutil.rmtree(layout.work)

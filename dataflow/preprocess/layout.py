@@ -6,23 +6,21 @@ import os
 from typing import TYPE_CHECKING
 
 from dataflow.formats import remote
-from dataflow.formats.manifest import MANIFEST_NAME
+from dataflow.formats.manifest import MANIFEST_NAME, TOKENIZE_WORK_DIR as WORK_DIR
 from dataflow.preprocess import output
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.config import TokenizeConfig
-
-WORK_DIR = "_work"
+    from dataflow.preprocess.config import ResolvedConfig
 
 
 class Layout:
     """Where one task of a run writes: split folders, its part of them, its work and error files."""
 
-    def __init__(self, cfg: TokenizeConfig):
+    def __init__(self, cfg: ResolvedConfig):
         self.out = cfg.out
         self.remote = remote.is_remote(cfg.out)  # an object store: see output.py
-        self.splits = ["train"] if cfg.val_fraction <= 0 else ["train", "val"]
-        self.tasked = cfg.num_tasks > 1
+        self.splits = cfg.splits
+        self.tasked = cfg.tasked
         tag = f"{cfg.task_index:05d}"
         self.work_root = output.local_work_root(cfg.out) if self.remote else os.path.join(cfg.out, WORK_DIR)
         self.work = os.path.join(self.work_root, f"task-{tag}")
@@ -35,7 +33,7 @@ class Layout:
         self.tokenizer_source = None if cfg.tokenizer == "bytes" else cfg.tokenizer.removeprefix("tiktoken:")
 
     def split_dir(self, split: str) -> str:
-        return self.out if self.splits == ["train"] else output.join(self.out, split)
+        return self.out if self.splits == ("train",) else output.join(self.out, split)
 
     def writer_dir(self, split: str) -> str:
         return output.join(self.split_dir(split), self.part) if self.part else self.split_dir(split)

@@ -34,13 +34,13 @@ from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import shard_extension
 from dataflow.preprocess import output, ownership, startup
 from dataflow.preprocess.commit import Committer
-from dataflow.preprocess.config import TokenizeConfig, worker_count
+from dataflow.preprocess.config import ResolvedConfig, TokenizeConfig
 from dataflow.preprocess.executors import Executor, make_executor
 from dataflow.preprocess.finish import copy_tokenizer, finished_counts, refuse_empty, write_manifests
-from dataflow.preprocess.journal import Progress, load_progress
+from dataflow.preprocess.journal import Progress
 from dataflow.preprocess.layout import Layout
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
 from dataflow.preprocess.progress import InputProgress
+from dataflow.preprocess.task import Run, open_run
 from dataflow.sources import Reading, expand_inputs, read_bundles, workers_read_whole
 from dataflow.tokenizers.load import Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
@@ -69,20 +69,19 @@ class Summary:
         return d
 
 
-def tokenize(cfg: TokenizeConfig) -> Summary:
+def tokenize(config: TokenizeConfig) -> Summary:
     """Run (or resume) one task of a tokenize job and return its summary."""
-    cfg.check()
+    cfg = config.resolve()
     started = time.perf_counter()
     files = expand_inputs(cfg.inputs, leave_out=ownership.written_by_runs_into(cfg.out))  # never its own output
     layout = Layout(cfg)
-    workers = worker_count(cfg.workers)
     if layout.remote:
         output.check_reachable(cfg.out)
     try:
         with _one_run_at_a_time(cfg, layout):
             if cfg.overwrite:
                 ownership.replace_earlier(layout)
-            return _tokenize(cfg, started, files, layout, workers)
+            return _tokenize(open_run(cfg, layout, files, started))
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DataflowError(f"{cfg.out}: disk full while writing ({e.strerror}); free space, then rerun the "
@@ -99,7 +98,7 @@ def tokenize(cfg: TokenizeConfig) -> Summary:
         raise
 
 
-def _raise_storage_error(cfg: TokenizeConfig, layout: Layout, e: BaseException) -> None:
+def _raise_storage_error(cfg: ResolvedConfig, layout: Layout, e: BaseException) -> None:
     """What an object store said mid-run (credentials that expired, an endpoint gone), as one line."""
     known = explain(cfg.out, e) if layout.remote else None
     if known is not None:
@@ -107,7 +106,7 @@ def _raise_storage_error(cfg: TokenizeConfig, layout: Layout, e: BaseException) 
 
 
 @contextlib.contextmanager
-def _one_run_at_a_time(cfg: TokenizeConfig, layout: Layout) -> Iterator[None]:
+def _one_run_at_a_time(cfg: ResolvedConfig, layout: Layout) -> Iterator[None]:
     """Hold an exclusive lock on this task's work for the run: a second `dataflow tokenize` into the same
     folder (and task) is refused at once instead of racing the first."""
     work_root = layout.work_root
@@ -149,59 +148,57 @@ def _exclusive_lock(path: str) -> Iterator[bool]:
         locks.unlock(fd)
 
 
-def _tokenize(cfg: TokenizeConfig, started: float, files: list[str], layout: Layout, workers: int) -> Summary:
-    plan = startup.plan_task(cfg, files)
-    journaled = load_progress(layout.work)
+def _tokenize(run: Run) -> Summary:
+    cfg, layout, plan, journaled = run.cfg, run.layout, run.plan, run.journaled
     # finished: a manifest and no work left behind (a run killed while closing its splits has written some)
     done = layout.finished_manifest() if journaled is None and not os.path.isdir(layout.work) else None
     if done and ownership.manifest_of_ours(layout.writer_dir("train")):
-        return _summary_of_finished(cfg, layout, plan, started, done)
+        return _summary_of_finished(run, done)
     ownership.refuse_foreign(layout, ownership.owned(layout, journaled))
-    startup.refuse_other_work(cfg, layout, plan, journaled)
-    startup.check_fields(plan.units, cfg.text_field, cfg.id_field)
-    start = (journaled.next_unit, journaled.next_piece) if journaled else (0, 0)
+    startup.refuse_other_work(run)
+    startup.check_fields(run)
+    start = run.resumed_from
     todo = [bundle for bundle in plan.bundles if bundle[0].index >= start[0]]
-    unit_bytes = cfg.unit_bytes or DEFAULT_UNIT_BYTES
     scratch = os.path.join(layout.work, "units")
     shutil.rmtree(scratch, ignore_errors=True)  # shards of bundles no journal listed: they are made again
     ownership.remove_leftovers(layout, journaled)
     if todo:
         ownership.save_claims(layout, (todo[0][0].index, todo[-1][-1].index + 1))  # before any upload
-    with make_executor(cfg.executor, workers, cfg.tokenizer, cfg.engine) as executor, \
+    with make_executor(cfg.executor, cfg.workers, cfg.tokenizer, cfg.engine) as executor, \
             contextlib.ExitStack() as readings:
 
-        whole = workers_read_whole(todo, workers)  # each compressed file read by its worker, else cut here
+        whole = workers_read_whole(todo, cfg.workers)  # each compressed file read by its worker, else cut here
 
         def work() -> Reading:  # read again if the workers start again
             spill = _spill_folder(scratch) if executor.local and not whole else None
-            reading = read_bundles(todo, unit_bytes, start[1], spill, whole, depth=workers + 2)
+            reading = read_bundles(todo, cfg.unit_bytes, start[1], spill, whole, depth=cfg.workers + 2)
             return readings.enter_context(contextlib.closing(reading))
 
         try:
             # a compressed input starts decompressing now, while the tokenizer loads (readers/cut_process.py)
-            tok, spec = _start_workers(cfg, layout, plan, executor, work(), work, scratch)
+            tok, spec = _start_workers(run, executor, work(), work, scratch)
         except BaseException:  # a check failed (or Ctrl-C): nothing was committed, and nothing stays
             executor.stop(now=True)
             shutil.rmtree(scratch, ignore_errors=True)
             if journaled is None:
                 ownership.forget_fresh_start(layout)
             raise
-        progress = startup.start_or_resume(cfg, layout, plan, journaled)
+        progress = startup.start_or_resume(run)
         metas = copy_tokenizer(layout, tok)
         done_units = len(plan.task_units) - sum(map(len, todo))
-        progress = _commit_all(cfg, layout, plan, executor.results(), progress, scratch, done_units)
-    if not layout.tasked:  # (a task's slice may hold nothing; the merge of the slices is checked)
-        refuse_empty(layout, progress, files)
-    datasets = write_manifests(cfg, layout, progress, metas, files, plan)
+        progress = _commit_all(run, executor.results(), progress, scratch, done_units)
+    if not cfg.tasked:  # (a task's slice may hold nothing; the merge of the slices is checked)
+        refuse_empty(run, progress)
+    datasets = write_manifests(run, progress, metas)
     notes = [f"task {cfg.task_index} of {cfg.num_tasks} done; run `dataflow merge {cfg.out}` once all tasks "
-             f"are done"] if layout.tasked else []
+             f"are done"] if cfg.tasked else []
     return Summary(cfg.out, datasets, progress.documents, progress.tokens, progress.text_bytes, progress.errors,
-                   time.perf_counter() - started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
+                   time.perf_counter() - run.started, tok.meta.name, tok.engine, getattr(tok, "engine_reason", ""),
                    start[0] if journaled else 0, len(plan.task_units), notes)
 
 
-def _start_workers(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, executor: Executor,
-                   reading: Reading, work: Callable[[], Reading], scratch: str) -> tuple[Tokenizer, UnitSpec]:
+def _start_workers(run: Run, executor: Executor, reading: Reading, work: Callable[[], Reading],
+                   scratch: str) -> tuple[Tokenizer, UnitSpec]:
     """Load and prove the tokenizer, set the workers on the bundles of `reading` (forked ones inherit the
     tokenizer loaded here and rely on its checks), then check it on the input meanwhile. Should the check
     change what the workers were given (settle on `tokenizers` instead of the engine, or correct the vocabulary
@@ -210,7 +207,7 @@ def _start_workers(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, 
 
     def spec_for(tok: Tokenizer) -> UnitSpec:
         # the workers are told the engine asked for, unless the checks here settled on `tokenizers`
-        return startup.unit_spec(cfg, layout, tok, "hf" if tok.engine == "hf" else cfg.engine)
+        return startup.unit_spec(run, tok, "hf" if tok.engine == "hf" else run.cfg.engine)
 
     def launch(tok: Tokenizer, bundles: Reading) -> UnitSpec:
         spec = spec_for(tok)
@@ -219,9 +216,9 @@ def _start_workers(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, 
         executor.submit(bundles, spec, scratch)
         return spec
 
-    tok = startup.proven_tokenizer(cfg)
+    tok = startup.proven_tokenizer(run.cfg)
     spec = launch(tok, reading)
-    tok = startup.check_on_input(cfg, tok, plan.units)
+    tok = startup.check_on_input(run.cfg, tok, run.plan.units)
     if spec_for(tok) != spec:  # settled on `tokenizers`, or the metadata remembered on this machine was wrong
         executor.stop(now=True)
         reading.close()
@@ -237,9 +234,9 @@ def _spill_folder(scratch: str) -> str:
     return tempfile.mkdtemp(prefix="pieces-", dir=scratch)
 
 
-def _commit_all(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, results: Iterator,
-                progress: Progress, scratch: str, done_units: int) -> Progress:
+def _commit_all(run: Run, results: Iterator, progress: Progress, scratch: str, done_units: int) -> Progress:
     """Commit every bundle's result in input order, with a progress bar over the input's bytes."""
+    cfg, layout, plan = run.cfg, run.layout, run.plan
     units = plan.task_units
     bar = InputProgress(units, done_units, enabled=cfg.progress)
     split_dirs = None if layout.remote else {split: layout.writer_dir(split) for split in layout.splits}
@@ -255,12 +252,12 @@ def _commit_all(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, res
     return committer.progress
 
 
-def _summary_of_finished(cfg: TokenizeConfig, layout: Layout, plan: startup.TaskPlan, started: float,
-                         manifest: str) -> Summary:
+def _summary_of_finished(run: Run, manifest: str) -> Summary:
     """A rerun of a finished run: its counts, once its settings (inputs included) are checked to be the same."""
+    cfg = run.cfg
     provenance = read_manifest(manifest).provenance
-    startup.refuse_if_different(cfg, plan, provenance.get("settings"), provenance.get("input_files"), cfg.out)
+    startup.refuse_if_different(run, provenance.get("settings"), provenance.get("input_files"))
     tok = load_tokenizer(cfg.tokenizer, cfg.engine)
-    datasets, docs, tokens, errors = finished_counts(layout)
-    return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - started, tok.meta.name,
+    datasets, docs, tokens, errors = finished_counts(run.layout)
+    return Summary(cfg.out, datasets, docs, tokens, 0, errors, time.perf_counter() - run.started, tok.meta.name,
                    tok.engine, getattr(tok, "engine_reason", ""), notes=["already complete: nothing to do"])

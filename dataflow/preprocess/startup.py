@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dataflow.debug import cause
 from dataflow.errors import ConfigError
 from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
-from dataflow.formats.writer import parse_size
 from dataflow.preprocess.config import framed_meta, framing_of, tokenizer_identity
 from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
 from dataflow.preprocess import output
 from dataflow.preprocess.layout import Layout
-from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES, bundle_units, file_sizes, plan_units
+from dataflow.preprocess.task import Run, TaskPlan
 from dataflow.sources.pieces import splits_into_pieces
 from dataflow.sources import first_record_fields, read_unit_blocks
 from dataflow.sources.records import Unit
@@ -31,52 +29,19 @@ from dataflow.tokenizers.load import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.config import TokenizeConfig
+    from dataflow.preprocess.config import ResolvedConfig
 
 # What a run of before framing was recorded did, in today's settings: no BOS, no token named, specials as text.
 FRAMING_BEFORE = {"bos": False, "bos_token": None, "eos_token": None, "special_tokens": "text"}
 SAMPLE_BLOCK_BYTES = 1 << 18  # JSONL input per block when reading the input sample (its first ~128K characters)
 
 
-@dataclass
-class TaskPlan:
-    """The units of the whole input, and the bundles of them that this task tokenizes."""
-
-    units: list[Unit]  # every unit of every input, in order
-    bundles: list[list[Unit]]  # this task's
-    task_bundles: tuple[int, int]  # which bundles of the whole input those are: [lo, hi)
-    inputs: list[list[Any]]  # every input file as [its name in ids, its bytes]: what a resume must find again
-
-    @property
-    def task_units(self) -> list[Unit]:
-        return [u for bundle in self.bundles for u in bundle]
-
-
-def plan_task(cfg: TokenizeConfig, files: list[str]) -> TaskPlan:
-    """Cut the input into units and bundles (by the input and the output settings only), and take this task's."""
-    unit_bytes = cfg.unit_bytes or DEFAULT_UNIT_BYTES
-    sizes, names = file_sizes(files), _display_names(files)
-    units = plan_units(files, unit_bytes, sizes, names)
-    bundles = bundle_units(units, unit_bytes)
-    lo = cfg.task_index * len(bundles) // cfg.num_tasks
-    hi = (cfg.task_index + 1) * len(bundles) // cfg.num_tasks
-    return TaskPlan(units, bundles[lo:hi], (lo, hi), [[names[f], size] for f, size in zip(files, sizes)])
-
-
-def _display_names(files: list[str]) -> dict[str, str]:
-    """Input names relative to their common folder: ids that survive moving the corpus."""
-    if len(files) == 1:
-        return {files[0]: os.path.basename(files[0])}
-    root = os.path.commonpath([f.split("://")[-1] for f in files])
-    return {f: os.path.relpath(f.split("://")[-1], root) for f in files}
-
-
-def refuse_if_different(cfg: TokenizeConfig, plan: TaskPlan, previous: dict[str, Any] | None,
-                        previous_inputs: list[Any] | None, where: str, resuming: Progress | None = None) -> None:
-    """A `ConfigError` when work at `where` was made with other output settings than `cfg`'s, or from other
-    input files (`previous_inputs`, the list whose digest `previous` holds: added, removed or resized since),
-    unless `resuming` that work can go on over them (see `_resumable`)."""
-    now = cfg.output_settings(plan.inputs)
+def refuse_if_different(run: Run, previous: dict[str, Any] | None, previous_inputs: list[Any] | None,
+                        resuming: Progress | None = None) -> None:
+    """A `ConfigError` when the work in the output was made with other output settings than `run`'s, or from
+    other input files (`previous_inputs`, the list whose digest `previous` holds: added, removed or resized
+    since), unless `resuming` that work can go on over them (see `_resumable`)."""
+    now, plan, where = run.settings, run.plan, run.cfg.out
     previous = dict(previous or {})
     if isinstance(previous.get("tokenizer"), str):  # settings of before recorded the tokenizer's path
         previous["tokenizer"] = tokenizer_identity(previous["tokenizer"])
@@ -132,16 +97,17 @@ def _inputs_changed(before: list[Any], now: list[list[Any]]) -> str:
     return "; ".join(parts) or "another order"
 
 
-def refuse_other_work(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journaled: Progress | None) -> None:
+def refuse_other_work(run: Run) -> None:
     """Refuse to continue an interrupted run, or to write beside a finished one (with or without a val split),
     of other settings or inputs."""
+    cfg, layout, journaled = run.cfg, run.layout, run.journaled
     if journaled is not None:
-        refuse_if_different(cfg, plan, journaled.settings, load_inputs(layout.work), cfg.out, resuming=journaled)
+        refuse_if_different(run, journaled.settings, load_inputs(layout.work), resuming=journaled)
         return
     for manifest in layout.manifests_either_layout():
         if layout.exists(manifest):
             provenance = read_manifest(manifest).provenance
-            refuse_if_different(cfg, plan, provenance.get("settings"), provenance.get("input_files"), cfg.out)
+            refuse_if_different(run, provenance.get("settings"), provenance.get("input_files"))
     parts = layout.task_parts() if not layout.tasked and not layout.remote else []
     if parts:  # a later `merge` would list those parts in the index.json this run writes, over it
         raise ConfigError(f"{cfg.out} holds the task slices of a --num-tasks run ({', '.join(parts[:2])}"
@@ -149,9 +115,10 @@ def refuse_other_work(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journ
                           f"this run elsewhere")
 
 
-def check_fields(units: list[Unit], text_field: str, id_field: str) -> None:
+def check_fields(run: Run) -> None:
     """Fail at once, not after --max-errors bad records, when the first record lacks the text field; or lacks an
     --id-field that was chosen (not the default `id`), which would silently give derived ids instead."""
+    units, text_field, id_field = run.plan.units, run.cfg.text_field, run.cfg.id_field
     if not units:
         return
     fields = first_record_fields(units[0].file, units[0].kind)
@@ -165,13 +132,13 @@ def check_fields(units: list[Unit], text_field: str, id_field: str) -> None:
                               f"{', '.join(fields) or 'none'}); pass {flag} with the one that holds {holds}")
 
 
-def proves_an_engine(cfg: TokenizeConfig) -> bool:
+def proves_an_engine(cfg: ResolvedConfig) -> bool:
     """Whether loading the tokenizer proves a fast engine against it (a tokenizer.json, unless --engine hf):
     the slow part of the start, and the one whose outcome can change the engine the workers use."""
     return cfg.tokenizer != "bytes" and not cfg.tokenizer.startswith("tiktoken:") and cfg.engine != "hf"
 
 
-def proven_tokenizer(cfg: TokenizeConfig) -> Tokenizer:
+def proven_tokenizer(cfg: ResolvedConfig) -> Tokenizer:
     """The tokenizer with its engine chosen and proven (about a second when this machine remembers the
     proof). Loaded before the workers start: forked workers inherit it instead of each loading it again."""
     try:
@@ -183,7 +150,7 @@ def proven_tokenizer(cfg: TokenizeConfig) -> Tokenizer:
         raise known from cause(e)
 
 
-def check_on_input(cfg: TokenizeConfig, tok: Tokenizer, units: list[Unit]) -> Tokenizer:
+def check_on_input(cfg: ResolvedConfig, tok: Tokenizer, units: list[Unit]) -> Tokenizer:
     """`tok` with its engine also compared with `tokenizers` on the first ~128K characters of the input (it
     may settle on `tokenizers` itself); the slow check, run while the workers tokenize the first bundles."""
     if proves_an_engine(cfg):
@@ -191,7 +158,7 @@ def check_on_input(cfg: TokenizeConfig, tok: Tokenizer, units: list[Unit]) -> To
     return tok
 
 
-def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CHARS) -> list[str]:
+def _sample_texts(units: list[Unit], cfg: ResolvedConfig, chars: int = SAMPLE_CHARS) -> list[str]:
     """The first ~128K characters of real input: they join the tokenizer engine's equivalence proof."""
     if cfg.tokenizer == "bytes" or not units:
         return []
@@ -205,34 +172,35 @@ def _sample_texts(units: list[Unit], cfg: TokenizeConfig, chars: int = SAMPLE_CH
     return texts
 
 
-def unit_spec(cfg: TokenizeConfig, layout: Layout, tok: Tokenizer, engine: str) -> UnitSpec:
+def unit_spec(run: Run, tok: Tokenizer, engine: str) -> UnitSpec:
     """What every bundle's worker needs to know (the tokenizer named, not shipped), the framing of the
     documents included: decided here, once, and kept on `tok` for the manifests (`finish.copy_tokenizer`)."""
+    cfg, layout = run.cfg, run.layout
     tok.framing = framing = framing_of(cfg, tok)
     return UnitSpec(cfg.tokenizer, engine, cfg.text_field, cfg.id_field, framing.eos_id,
-                    framed_meta(tok.meta, framing), tuple(layout.splits), cfg.format, cfg.compression, parse_size(cfg.shard_size),
+                    framed_meta(tok.meta, framing), cfg.splits, cfg.format, cfg.compression, cfg.shard_size,
                     cfg.zstd_level, cfg.seed, cfg.val_fraction,
                     {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None,
-                    piece_bytes=cfg.unit_bytes or DEFAULT_UNIT_BYTES, bos_id=framing.bos_id,
-                    special_tokens=framing.special_tokens)
+                    piece_bytes=cfg.unit_bytes, bos_id=framing.bos_id, special_tokens=framing.special_tokens)
 
 
-def start_or_resume(cfg: TokenizeConfig, layout: Layout, plan: TaskPlan, journaled: Progress | None) -> Progress:
+def start_or_resume(run: Run) -> Progress:
     """The journaled progress of an interrupted run (its shards as listed, its error log as long as it was),
     or a fresh journal. Call it once the checks have passed (`ownership.remove_leftovers` ran before the
     workers started)."""
+    layout = run.layout
     os.makedirs(layout.work, exist_ok=True)
     for split in layout.splits if not layout.remote else ():  # an object store has no folders to make
         os.makedirs(layout.writer_dir(split), exist_ok=True)
-    save_inputs(layout.work, plan.inputs)  # the inputs as they are now (see `_resumable`)
-    progress = journaled
+    save_inputs(layout.work, run.plan.inputs)  # the inputs as they are now (see `_resumable`)
+    progress = run.journaled
     if progress is None:
-        progress = Progress(settings=cfg.output_settings(plan.inputs), claimed={})
+        progress = Progress(settings=run.settings, claimed={})
         with open(layout.errors, "w"):
             pass
         save_progress(layout.work, progress)  # from here on, a rerun resumes
     else:
-        progress.settings = cfg.output_settings(plan.inputs)
+        progress.settings = run.settings
         _reopen_error_log(layout, progress.errors_log_bytes)
     return progress
 
