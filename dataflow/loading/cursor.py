@@ -8,23 +8,77 @@ walking an older one stops with an error instead of overwriting the new position
 
 Under torch's `DataLoader` with workers the position lives in those workers; `mark_untracked` (a flag
 in shared memory, so a worker can set it for the main process) makes `state_dict()` refuse then.
-The saved form is `LoaderState` (plan.py), unchanged since STATE_VERSION 2: old states still load.
+The saved form is `LoaderState` (here, beside its owner), unchanged since STATE_VERSION 2: old states still load.
 An epoch is counted in 64 bits: a sample's position in the stream, epoch x samples per epoch + i, is an int64
 (a mix locates its sources by it), so an epoch past `last_epoch` is refused in one line, never an overflow.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Iterator, TypeVar
 
 import numpy as np
 import torch
 
 from dataflow.errors import ConfigError, DataflowError
-from dataflow.loading.plan import BatchPlan, LoaderState
+from dataflow.loading.plan import BatchPlan
 
 T = TypeVar("T")
 POSITIONS = 2**63  # sample positions (epoch x samples per epoch + i) are int64
+STATE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """Where the next batch starts: small and JSON-serialisable, valid for any number of ranks or workers.
+
+    `dataset` is a fingerprint of the data and the sampling settings: a state saved on other data (even
+    with the same sample count) is refused instead of silently serving the wrong samples.
+    """
+
+    epoch: int
+    consumed: int
+    seed: int
+    num_samples: int
+    seq_len: int | None
+    dataset: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, **asdict(self)}
+
+    @staticmethod
+    def from_dict(state: Any) -> "LoaderState":
+        """Parse a saved state, with one clear error for anything malformed."""
+        if not isinstance(state, dict):
+            raise ConfigError(f"cannot resume: a loader state is a dict (from state_dict()), got {type(state).__name__}")
+        if "version" not in state:
+            keys = ", ".join(map(str, state)) or "none"
+            raise ConfigError(f"cannot resume: this is not a loader state (its keys: {keys}); pass what "
+                              f"StreamingDataLoader.state_dict() returned")
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"cannot resume: loader state version {state.get('version')!r} is not {STATE_VERSION} "
+                              f"(saved by another dataflow version); start the epoch afresh")
+        fields = {"epoch": int, "consumed": int, "seed": int, "num_samples": int, "seq_len": (int, type(None)),
+                  "dataset": str}
+        for key, kind in fields.items():
+            value = state.get(key, ...)
+            if value is ... or isinstance(value, bool) or not isinstance(value, kind):
+                raise ConfigError(f"cannot resume: loader state field {key!r} is {value if value is not ... else 'missing'!r}; "
+                                  f"pass a dict saved by state_dict()")
+        if state["epoch"] < 0 or state["consumed"] < 0:
+            raise ConfigError(f"cannot resume: epoch {state['epoch']} and consumed {state['consumed']} must be >= 0")
+        return LoaderState(**{k: state[k] for k in fields})
+
+    def check_matches(self, current: "LoaderState") -> None:
+        """Raise unless this saved state belongs to the same data and settings as `current`."""
+        for key in ("seq_len", "seed", "num_samples", "dataset"):
+            if getattr(self, key) != getattr(current, key):
+                what = "dataset fingerprint" if key == "dataset" else key
+                raise ConfigError(f"cannot resume: the state was saved with {what}={getattr(self, key)}, this "
+                                  f"dataset has {getattr(current, key)} (different data or settings)")
+        if self.consumed > self.num_samples:
+            raise ConfigError(f"cannot resume: consumed={self.consumed} is beyond the epoch's {self.num_samples} samples")
 
 
 def last_epoch(num_samples: int) -> int:

@@ -23,10 +23,10 @@ from dataflow.errors import ConfigError
 from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
 from dataflow.loading.contract import FillReport, Layout
-from dataflow.loading.cursor import Cursor
+from dataflow.loading.cursor import Cursor, LoaderState
 from dataflow.loading.index import SampleIndex
 from dataflow.loading.mixing import Blend, sources
-from dataflow.loading.plan import BatchPlan, LoaderState, rank_world
+from dataflow.loading.plan import BatchPlan, rank_world
 from dataflow.loading.reader import OpenTimes, ShardReader
 from dataflow.loading.shuffle import EpochOrder
 from dataflow.loading.storage import Storage
