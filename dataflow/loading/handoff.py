@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import math
 import multiprocessing.connection as mpc
 import os
 import pickle
@@ -43,7 +42,7 @@ import torch.multiprocessing as tmp
 from dataflow.errors import DataflowError, WorkerDied
 from dataflow.loading.cursor import stale_iterator
 from dataflow.loading.plan import BatchPlan
-from dataflow.loading.ring import SlotRing, _Lease  # noqa: F401  (_Lease: the type of a held lend)
+from dataflow.loading.ring import SlotRing, _Lease, slots_per_worker  # noqa: F401  (_Lease: the type of a held lend)
 from dataflow.loading.contract import BatchSource, Layout
 from dataflow.loading.stages import FIELDS, BatchTiming, Hook, add_report, report_of
 from dataflow.loading.worker_exit import how_it_ended, restore_error
@@ -139,9 +138,7 @@ class WorkerPool:
     def __init__(self, source: BatchSource, layout: Layout, num_workers: int, ready_ahead: int, held: int,
                  context: Any = None, pin: bool = False, timeout: float = 0, hook: Hook = None):
         self.num_workers, self.timeout = num_workers, timeout
-        # each worker keeps `ready_ahead` (the loader's prefetch_factor) batches ready while the consumer
-        # holds `held` (spread over workers)
-        self.per_worker = ready_ahead + math.ceil(held / num_workers) + 1
+        self.per_worker = slots_per_worker(ready_ahead, held, num_workers)
         self.ring = SlotRing(layout, self.per_worker * num_workers, num_workers)
         if pin:
             self.ring.pin()

@@ -33,6 +33,8 @@ from dataflow.loading.plan import BatchPlan
 from dataflow.loading.stages import STAGES, TOTALS, BatchTiming, Hook, add_report, add_seconds
 from dataflow.loading.watchdog import Watchdog
 
+HELD_BATCHES = 4  # yielded batches a consumer may hold at once before it gets copies (default held_batches)
+
 
 @dataclass
 class LoaderStats:
@@ -149,7 +151,7 @@ class StreamingDataLoader:
     def __init__(self, dataset: SampleSource, batch_size: int = 1, num_workers: int = 0,
                  drop_last: bool = True, pin_memory: bool = False, persistent_workers: bool = False,
                  prefetch_factor: int | None = None, timeout: float = 0, multiprocessing_context: Any = None,
-                 cycle: bool = False, held_batches: int = 4, stage_hook: Hook = None,
+                 cycle: bool = False, held_batches: int = HELD_BATCHES, stage_hook: Hook = None,
                  audit: str | os.PathLike | None = None, watchdog_s: float | None = None):
         if not isinstance(dataset, SampleSource):
             raise ConfigError(f"StreamingDataLoader takes a StreamingDataset, got {type(dataset).__name__} (or any "
@@ -194,7 +196,7 @@ class StreamingDataLoader:
         return bool(self.pin_memory and self.dataset.seq_len is not None and torch.cuda.is_available())
 
     def reserve_held(self, batches: int) -> None:
-        """Room for `batches` yielded batches held at once (`DevicePrefetcher` holds its depth + 2); the
+        """Room for `batches` yielded batches held at once (`DevicePrefetcher` holds `held_upstream(depth)`); the
         worker ring is sized when it is made, at the next `iter()` that starts workers."""
         self.held_batches = max(self.held_batches, int(batches))
 

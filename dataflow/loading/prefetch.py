@@ -33,6 +33,17 @@ _DONE = object()
 JOIN_S = 60.0  # how long close() waits for an upstream `next()` in progress
 
 
+def held_upstream(depth: int) -> int:
+    """Batches of its upstream a `DevicePrefetcher` of `depth` holds at once: its queue of `depth`, the one its
+    thread is copying and the one the consumer has (what it asks a `LendingLoader` to make room for)."""
+    return depth + 2
+
+
+def staging_slots(depth: int) -> int:
+    """Pinned staging copies a `DevicePrefetcher` of `depth` allocates for an upstream that is not page-locked."""
+    return depth + 1
+
+
 @dataclass
 class PrefetchStats:
     batches: int = 0
@@ -109,7 +120,7 @@ class DevicePrefetcher:
             raise ConfigError(f"DevicePrefetcher(device={str(device)!r}): CUDA is not available here (torch "
                               f"{torch.__version__}, {torch.cuda.device_count()} GPUs visible); use device='cpu'")
         if isinstance(batches, LendingLoader):  # it sizes its `SlotRing` for what this queue holds
-            batches.reserve_held(depth + 2)
+            batches.reserve_held(held_upstream(depth))
             if pinned is None:
                 pinned = batches.pinned
         # the upstream's audit, told as each batch reaches the user (not when it is read ahead)
@@ -161,7 +172,7 @@ class DevicePrefetcher:
         try:
             stream = torch.cuda.Stream(device=self.device) if self._cuda else None
             if self._cuda and not self.pinned and self._staging is None:
-                self._staging = _StagingSlots(self.depth + 1, self.stats)
+                self._staging = _StagingSlots(staging_slots(self.depth), self.stats)
             while not p.stopped:
                 t0 = time.perf_counter()
                 batch = next(it, _DONE)

@@ -31,17 +31,36 @@ class Field:
     offset: int  # within a slot
 
 
+def slots_per_worker(ready_ahead: int, held: int, num_workers: int) -> int:
+    """The ring's sizing rule: each worker keeps `ready_ahead` (the loader's prefetch_factor) batches ready,
+    holds its share of the `held` batches the consumer keeps at once, and fills one more."""
+    return ready_ahead + math.ceil(held / num_workers) + 1
+
+
+def slot_bytes(layout: dict[str, tuple[tuple[int, ...], Any]]) -> int:
+    """Bytes of one slot of `layout` (field name -> (shape, dtype)): each field starts on a page."""
+    return max(sum(_field_bytes(shape, dtype) for shape, dtype in layout.values()), PAGE)
+
+
+def _fields(layout: dict[str, tuple[tuple[int, ...], Any]]) -> list[Field]:
+    fields, offset = [], 0
+    for name, (shape, dtype) in layout.items():
+        dtype = np.dtype(dtype)
+        fields.append(Field(name, tuple(shape), dtype, offset))
+        offset += _field_bytes(shape, dtype)
+    return fields
+
+
+def _field_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+    return _round_up(int(np.prod(shape)) * np.dtype(dtype).itemsize, PAGE)
+
+
 class SlotRing:
     """`slots` buffers of one batch layout in a single shared, page-aligned segment."""
 
     def __init__(self, layout: dict[str, tuple[tuple[int, ...], Any]], slots: int, workers: int = 1):
-        fields, offset = [], 0
-        for name, (shape, dtype) in layout.items():
-            dtype = np.dtype(dtype)
-            fields.append(Field(name, tuple(shape), dtype, offset))
-            offset += _round_up(int(np.prod(shape)) * dtype.itemsize, PAGE)
-        self.fields = fields
-        self.slot_bytes = max(offset, PAGE)
+        self.fields = _fields(layout)
+        self.slot_bytes = slot_bytes(layout)
         self.slots = slots
         self.buffer = self._allocate(workers)
         self.pinned = False

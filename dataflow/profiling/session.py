@@ -11,7 +11,6 @@ the `StageFigures` contract.
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -67,12 +66,25 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def held_batches(depth: int) -> int:
+    """The loader's `held_batches` behind a prefetcher of `depth`: what it holds, or the loader's default if more."""
+    from dataflow.loading.loader import HELD_BATCHES
+    from dataflow.loading.prefetch import held_upstream
+
+    return max(HELD_BATCHES, held_upstream(depth))
+
+
 def memory_estimate_mb(s: RunSettings, manifest_tokens: int, shards: int, shuffle_window: int, cuda: bool) -> float:
-    """Rough host memory of a configuration: slot ring, pinned copies, decompressed shards per reader."""
-    slot = 2 * (-(-s.batch_size * s.seq_len * 8 // 4096) * 4096)  # input_ids + labels, int64, page-rounded
-    held = max(4, s.depth + 2)  # what the loader's SlotRing makes room for behind a prefetcher (see handoff.py)
-    worker_slots = (s.prefetch_factor + math.ceil(held / s.num_workers) + 1) * s.num_workers * slot if s.num_workers else 0
-    pinned = (s.depth + 1) * slot if cuda else 0
+    """Rough host memory of a configuration: slot ring, pinned copies, decompressed shards per reader (the ring
+    and the prefetcher's copies counted by their own sizing rules, for an input_ids + labels batch)."""
+    from dataflow.loading.prefetch import staging_slots
+    from dataflow.loading.ring import slot_bytes, slots_per_worker
+
+    field = ((s.batch_size, s.seq_len), "int64")
+    slot = slot_bytes({"input_ids": field, "labels": field})
+    per_worker = slots_per_worker(s.prefetch_factor, held_batches(s.depth), s.num_workers) if s.num_workers else 0
+    worker_slots = per_worker * s.num_workers * slot
+    pinned = staging_slots(s.depth) * slot if cuda else 0
     readers = max(s.num_workers, 1)
     shard_bytes = 2 * manifest_tokens / max(shards, 1) * min(shuffle_window, max(shards, 1))
     return (worker_slots + pinned + readers * shard_bytes) / 1e6
@@ -98,7 +110,7 @@ def run_config(s: RunSettings, consumer: Consumer, capacity: bool = True, keep_t
     s = replace(s, device=device)
     with tempfile.TemporaryDirectory(prefix="dataflow-profile-") as folder:
         loader = loader_factory(s, persistent_workers=True, prefetch_factor=s.prefetch_factor,
-                                held_batches=max(4, s.depth + 2), pin_memory=device.startswith("cuda"), cycle=True,
+                                held_batches=held_batches(s.depth), pin_memory=device.startswith("cuda"), cycle=True,
                                 stage_hook=StageRecorder(folder))
         ds = loader.dataset
         timed = TimedUpstream(loader)  # small datasets wrap around: the loader cycles through epochs
