@@ -185,3 +185,65 @@ def test_manifests_without_the_provenance_still_load_and_a_bad_one_is_refused(tm
     d["tokenizer"]["revision"] = 7
     with pytest.raises(FormatError, match="revision"):
         Manifest.from_dict(d)
+
+
+def test_a_cached_tokenizer_json_never_asks_the_hub_for_its_config(cache, monkeypatch, caplog):
+    """Online, a cached tokenizer.json is used as it is: no download is tried for a tokenizer_config.json the cache
+    lacks (huggingface_hub retries an unreachable Hub for ~20 s); a warning names the command that fetches it."""
+    from dataflow.tokenizers import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(hub, "_download", lambda *a, **k: pytest.fail(f"downloaded {a}"))
+    put(cache, "acme/tok", COMMIT_A, {"tokenizer.json": PATHS["llama3"].read_bytes()})
+    assert load_tokenizer("acme/tok").meta.revision == COMMIT_A
+    assert f"`hf download acme/tok tokenizer.json tokenizer_config.json --revision {COMMIT_A}`" in caplog.text
+
+
+def _error(name: str) -> Exception:
+    """One of huggingface_hub's errors, made without the HTTP response its constructor reads."""
+    from huggingface_hub import errors
+
+    cls = getattr(errors, name, None) or errors.EntryNotFoundError  # (RemoteEntryNotFoundError: huggingface_hub 1.0+)
+    e = cls.__new__(cls)
+    Exception.__init__(e, f"{name} (test)")
+    return e
+
+
+def test_a_download_fills_the_cache_with_both_files(cache, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    asked = []
+
+    def download(repo, filename, revision=None, cache_dir=None):
+        asked.append((repo, filename, revision, cache_dir))
+        if filename == "tokenizer_config.json":  # the Hub has none: it records that, and says so
+            put(cache, repo, COMMIT_B, {}, refs=(), missing=(filename,))
+            raise _error("RemoteEntryNotFoundError")
+        return str(put(cache, repo, COMMIT_B, {filename: PATHS["qwen2"].read_bytes()}) / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    tok = load_tokenizer("acme/new")
+    assert (tok.meta.repo, tok.meta.revision) == ("acme/new", COMMIT_B)
+    assert [ids.tolist() for ids in tok.encode_batch(TEXTS)] == \
+        [e.ids for e in reference("qwen2").encode_batch(TEXTS, add_special_tokens=False)]
+    assert asked == [("acme/new", "tokenizer.json", None, str(cache)),
+                     ("acme/new", "tokenizer_config.json", COMMIT_B, str(cache))]
+    assert load_tokenizer("acme/new").meta.revision == COMMIT_B and len(asked) == 2  # from the cache now
+
+
+@pytest.mark.parametrize("error, says", [
+    ("GatedRepoError", "gated repository: accept its terms at https://huggingface.co/acme/tok and log in"),
+    ("RepositoryNotFoundError", "no such repository on the Hugging Face Hub"),
+    ("RevisionNotFoundError", "the repository has no revision 'v9'"),
+    ("RemoteEntryNotFoundError", "the repository has no tokenizer.json"),
+    ("LocalEntryNotFoundError", "the Hub cannot be reached"),
+])
+def test_a_failed_download_is_one_line_saying_what_to_do(cache, monkeypatch, error, says):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: (_ for _ in ()).throw(_error(error)))
+    with pytest.raises(ConfigError) as e:
+        load_tokenizer("acme/tok@v9")
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -11,8 +11,10 @@ huggingface_hub lays it out: `models--ORG--NAME/refs/REVISION` holds the commit 
 is read here without importing huggingface_hub (0.4 s a process): a cached file is used as it is, without asking
 the Hub (pin a commit with @REVISION; `hf download` refreshes a branch). A file not cached is downloaded into the
 cache by huggingface_hub (the `hub` extra), unless HF_HUB_OFFLINE is set: then one line says what to download.
-`tokenizer_config.json` comes along when the repository has one: its `bos_token`/`eos_token` frame the
-documents (hf_reference.config_tokens reads it beside the tokenizer.json).
+`tokenizer_config.json` is downloaded with it when the repository has one: its `bos_token`/`eos_token` frame the
+documents (hf_reference.config_tokens reads it beside the tokenizer.json). A cached tokenizer.json never waits on
+the network for it (huggingface_hub retries an unreachable Hub for ~20 s): one absent from the cache is said in a
+warning, with the command that fetches it.
 """
 
 from __future__ import annotations
@@ -106,20 +108,20 @@ def resolve(repo: str, revision: str | None) -> HubFile:
     """The repository's tokenizer.json (and tokenizer_config.json when it has one) from the cache, downloaded
     into it when absent and not offline; a ConfigError of one line saying what to do when it cannot be had."""
     path = cached(repo, revision)
-    if not isinstance(path, str):
+    fetched = not isinstance(path, str)
+    if fetched:
         if offline() or path is False:
             why = ("the cache records that it has no tokenizer.json" if path is False else
                    f"not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set")
             raise ConfigError(f"--tokenizer {label(repo, revision)}: {why}: {_todo(repo, revision)}")
         path = _download(repo, revision, TOKENIZER_FILE)
     found = HubFile(repo, os.path.basename(os.path.dirname(path)), path)
-    if cached(repo, found.revision, CONFIG_FILE) is None:
-        if offline():
-            log.warning("%s: %s of commit %s is not in the Hugging Face cache, so its bos_token/eos_token are not "
-                        "known (the tokenizer.json's own EOS ends the documents); to have it: %s", repo,
-                        CONFIG_FILE, found.revision, _command(repo, found.revision))
-        else:
-            _download(repo, found.revision, CONFIG_FILE, optional=True)
+    if fetched and cached(repo, found.revision, CONFIG_FILE) is None:  # the Hub answers: ask it for this one too
+        _download(repo, found.revision, CONFIG_FILE, optional=True)
+    if cached(repo, found.revision, CONFIG_FILE) is None:  # neither there nor known to be absent
+        log.warning("%s: %s of commit %s is not in the Hugging Face cache, so its bos_token/eos_token are not "
+                    "known (the tokenizer.json's own EOS ends the documents); to have it: %s", repo, CONFIG_FILE,
+                    found.revision, _command(repo, found.revision))
     return found
 
 
