@@ -1,12 +1,15 @@
 """Each loading rule has one home that its users call (issue 35, step 7): the saved position beside its owner,
 the cursor; the worker ring's sizing rule in the ring, which the profiler's memory estimate uses instead of
-deriving it again; what a prefetcher holds, said by the prefetcher."""
+deriving it again; what a prefetcher holds, said by the prefetcher; the loader's one "layout", a batch's."""
+
+import ast
+import pathlib
 
 import pytest
 
 from conftest import write_counting_dataset
 from dataflow import DevicePrefetcher, StreamingDataLoader, StreamingDataset
-from dataflow.loading import cursor, plan
+from dataflow.loading import contract, cursor, plan
 from dataflow.profiling.session import RunSettings, held_batches, memory_estimate_mb
 
 SEQ = 16
@@ -47,3 +50,28 @@ def test_the_profilers_ring_estimate_is_the_ring_a_loader_makes(ds_path, workers
     finally:
         prefetcher.close()
         loader.close()
+
+
+
+def test_the_loaders_layout_is_the_batch_layout_and_no_other(ds_path):
+    """`Layout` names three things in the project (tokenize's output, the trainer's parallelism, the loader's
+    batch): the loader's is `BatchLayout`, what `batch_layout()` returns, and no loading module defines a bare
+    `Layout`."""
+    layout = StreamingDataset(ds_path, seq_len=SEQ).batch_layout(4)
+    assert {k: shape for k, (shape, _) in layout.items()} == {"input_ids": (4, SEQ), "labels": (4, SEQ)}
+    assert hasattr(contract, "BatchLayout")
+    root = pathlib.Path(contract.__file__).parent
+    bare = [p.name for p in sorted(root.glob("*.py")) if "Layout" in _defined(ast.parse(p.read_text()))]
+    assert not bare, f"loading modules defining a bare Layout: {bare}"
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """Names a module defines at its top level (classes, functions, assignments)."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names

@@ -26,7 +26,7 @@ import numpy as np
 
 from dataflow.loading.cursor import Cursor
 
-Layout = dict[str, tuple[tuple[int, ...], Any]]  # field -> (shape, numpy dtype) of a packed batch
+BatchLayout = dict[str, tuple[tuple[int, ...], Any]]  # field -> (shape, numpy dtype) of a packed batch
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class FillReport:
 class BatchSource(Protocol):
     """What a transport may ask of the data (and nothing else)."""
 
-    def batch_layout(self, batch_size: int) -> Layout:
+    def batch_layout(self, batch_size: int) -> BatchLayout:
         """Shapes and dtypes of a packed batch of `batch_size` rows (what `fill` writes)."""
         ...
 

@@ -22,7 +22,7 @@ from dataflow.audit.log import AuditLog
 from dataflow.errors import ConfigError
 from dataflow.formats import remote
 from dataflow.formats.manifest import Manifest, ShardInfo, TokenizerMeta, read_manifest
-from dataflow.loading.contract import FillReport, Layout
+from dataflow.loading.contract import BatchLayout, FillReport
 from dataflow.loading.cursor import Cursor, LoaderState
 from dataflow.loading.index import SampleIndex
 from dataflow.loading.mixing import Blend, sources
@@ -219,7 +219,7 @@ class StreamingDataset(IterableDataset):
         self._audit_via = "load_state_dict"
 
     # --- the contract: filling batches ----------------------------------------------------------------
-    def batch_layout(self, batch_size: int) -> Layout:
+    def batch_layout(self, batch_size: int) -> BatchLayout:
         """Shapes and dtypes of a packed batch (what `fill` writes and a slot of the hand-off ring holds)."""
         if self.seq_len is None:
             raise ConfigError("whole-document batches have no fixed layout; set seq_len")

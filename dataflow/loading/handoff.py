@@ -43,7 +43,7 @@ from dataflow.errors import DataflowError, WorkerDied
 from dataflow.loading.cursor import stale_iterator
 from dataflow.loading.plan import BatchPlan
 from dataflow.loading.ring import SlotRing, _Lease, slots_per_worker  # noqa: F401  (_Lease: the type of a held lend)
-from dataflow.loading.contract import BatchSource, Layout
+from dataflow.loading.contract import BatchLayout, BatchSource
 from dataflow.loading.stages import FIELDS, BatchTiming, Hook, add_report, report_of
 from dataflow.loading.worker_exit import how_it_ended, restore_error
 
@@ -135,7 +135,7 @@ def _run_job(source: BatchSource, ring: SlotRing, shared: _Shared, worker: int, 
 class WorkerPool:
     """Worker processes that fill a `SlotRing`; the main side of the protocol."""
 
-    def __init__(self, source: BatchSource, layout: Layout, num_workers: int, ready_ahead: int, held: int,
+    def __init__(self, source: BatchSource, layout: BatchLayout, num_workers: int, ready_ahead: int, held: int,
                  context: Any = None, pin: bool = False, timeout: float = 0, hook: Hook = None):
         self.num_workers, self.timeout = num_workers, timeout
         self.per_worker = slots_per_worker(ready_ahead, held, num_workers)

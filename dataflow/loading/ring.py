@@ -18,6 +18,7 @@ import torch
 
 from dataflow.debug import cause
 from dataflow.errors import ConfigError
+from dataflow.loading.contract import BatchLayout
 
 PAGE = 4096
 SHM = "/dev/shm"  # where torch's shared tensors live on Linux (both of its sharing strategies)
@@ -37,12 +38,12 @@ def slots_per_worker(ready_ahead: int, held: int, num_workers: int) -> int:
     return ready_ahead + math.ceil(held / num_workers) + 1
 
 
-def slot_bytes(layout: dict[str, tuple[tuple[int, ...], Any]]) -> int:
+def slot_bytes(layout: BatchLayout) -> int:
     """Bytes of one slot of `layout` (field name -> (shape, dtype)): each field starts on a page."""
     return max(sum(_field_bytes(shape, dtype) for shape, dtype in layout.values()), PAGE)
 
 
-def _fields(layout: dict[str, tuple[tuple[int, ...], Any]]) -> list[Field]:
+def _fields(layout: BatchLayout) -> list[Field]:
     fields, offset = [], 0
     for name, (shape, dtype) in layout.items():
         dtype = np.dtype(dtype)
@@ -58,7 +59,7 @@ def _field_bytes(shape: tuple[int, ...], dtype: Any) -> int:
 class SlotRing:
     """`slots` buffers of one batch layout in a single shared, page-aligned segment."""
 
-    def __init__(self, layout: dict[str, tuple[tuple[int, ...], Any]], slots: int, workers: int = 1):
+    def __init__(self, layout: BatchLayout, slots: int, workers: int = 1):
         self.fields = _fields(layout)
         self.slot_bytes = slot_bytes(layout)
         self.slots = slots
