@@ -40,7 +40,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "bench"
-SEQ = 2048
 
 
 def _port() -> int:
@@ -50,7 +49,8 @@ def _port() -> int:
 
 
 def write_dataset(out: str, tokens: int, shards: int) -> str:
-    """KJV tokenized with GPT-2 (tests/data), repeated to `tokens` tokens, in `shards` zstd Arrow shards."""
+    """KJV tokenized with GPT-2 (tests/data), repeated (whole copies) to at least `tokens` tokens, in `shards`
+    zstd Arrow shards."""
     import numpy as np
     import zstandard
     from tokenizers import Tokenizer
@@ -67,14 +67,12 @@ def write_dataset(out: str, tokens: int, shards: int) -> str:
     docs = [np.array(e.ids + [50256], dtype=np.uint16) for e in tok.encode_batch(lines)]
     total = sum(len(d) for d in docs)
     meta = TokenizerMeta(kind="hf", name="gpt2", vocab_size=50257, eos_id=50256)
-    size = tokens * 2 // shards
-    written, copy = 0, 0
+    copies = -(-tokens // total)  # whole copies: at least `tokens`
+    size = -(-copies * total * 2 // shards) + 2 * max(len(d) for d in docs)  # uint16 bytes: `shards` shards exactly
     with ShardWriter(out, tokenizer_meta=meta, shard_size=f"{size}B", compression="zstd") as w:
-        while written < tokens:
+        for copy in range(copies):
             for i, d in enumerate(docs):
                 w.write(d, id=f"{copy}-{i}")
-            written += total
-            copy += 1
     return out
 
 
@@ -148,9 +146,9 @@ def _adapter_module(code: str):
 def child(spec: dict) -> dict:
     """One case, in this (fresh) process: `tools/peers/remote_case.py` over the code's adapter."""
     module = _adapter_module(spec["code"])
-    from tools.peers.remote_case import run
+    from tools.peers.remote_case import run, warm
 
-    return run(spec, module.Adapter(spec))
+    return (warm if spec.get("warm") else run)(spec, module.Adapter(spec))
 
 
 def write_samples(dataset: str, work: str) -> int:
@@ -183,6 +181,18 @@ def convert(code: str, work: str, python: str) -> tuple[str, str]:
     if p.returncode != 0:
         raise RuntimeError(f"converting to {code} failed: {p.stderr.strip().splitlines()[-1:]}")
     return out, p.stdout.strip().splitlines()[-1]
+
+
+def warm_up(spec: dict, python: str, log: str) -> None:
+    """One batch of the loader straight from the server, untimed, in a process of its own: every measured case
+    then finds the interpreter's bytecode compiled (under PYTHONPYCACHEPREFIX) and the libraries in the page
+    cache, as an installed package would, whatever was imported first."""
+    env = dict(os.environ, AWS_ENDPOINT_URL=spec["endpoint"])
+    with open(log, "w") as err:
+        p = subprocess.run([python, os.path.abspath(__file__), "--child", json.dumps(dict(spec, warm=True))],
+                           stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT, env=env)
+    if p.returncode != 0:
+        print(f"{spec['code']}: warm-up failed (exit {p.returncode}; log: {log})")
 
 
 def run_case(spec: dict, proxy: Proxy, python: str, log: str) -> dict:
@@ -277,6 +287,10 @@ def main() -> None:
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
     tokens = int(float(args.tokens.rstrip("KMkm")) * {"k": 1e3, "m": 1e6}.get(args.tokens[-1].lower(), 1))
     work = tempfile.mkdtemp(prefix="bench-remote-")
+    # the children cache bytecode in the run's own folder (an environment made without it recompiles every
+    # library a loader imports at its first request, inside the clock); nothing is written to the venvs
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(work, "pycache")
     try:
         results = _bench(args, tokens, work)
     finally:
@@ -293,7 +307,9 @@ def _folder_bytes(folder: str) -> int:
 def _bench(args: argparse.Namespace, tokens: int, work: str) -> list[dict]:
     sys.path.insert(0, ROOT)
     from dataflow.formats.manifest import read_manifest
+    from tools.peers.remote_samples import SEQ
 
+    print("$ python tools/bench_remote.py " + " ".join(sys.argv[1:]))
     ds = write_dataset(os.path.join(work, "ds"), tokens, args.shards)
     shards = read_manifest(ds).shards
     n_tokens, data_bytes = sum(s.tokens for s in shards), sum(s.bytes for s in shards)
@@ -307,6 +323,14 @@ def _bench(args: argparse.Namespace, tokens: int, work: str) -> list[dict]:
         return _cases(args, moto, ds, shards, work)
     finally:
         moto.close()
+
+
+def _spec(args: argparse.Namespace, code: str, src: str | None, endpoint: str, workers: int, shards: int,
+          work: str) -> dict:
+    """What a case's process is told: the loader, where to read it, how, and the dataset's window hashes."""
+    return {"code": code, "endpoint": endpoint, "bucket": BUCKET, "workers": workers, "src": src,
+            "window": args.window, "limit": args.limit, "shards": shards,
+            "expected": os.path.join(work, "expected.npy"), "cache": os.path.join(work, f"cache-{code}-{workers}")}
 
 
 def _cases(args: argparse.Namespace, moto: Moto, ds: str, shards: list, work: str) -> list[dict]:
@@ -327,6 +351,9 @@ def _cases(args: argparse.Namespace, moto: Moto, ds: str, shards: list, work: st
         print(f"{peer}: {what}; {sizes[peer] / 1e6:.1f} MB ({sizes[peer] / n_tokens:.3f} bytes/token), written in "
               f"{time.perf_counter() - t0:.1f} s (before the clock)")
         codes.append((peer, args.peer_python, None))
+    for code, python, src in codes:
+        warm_up(_spec(args, code, src, f"http://127.0.0.1:{moto.port}", 0, len(shards), work), python,
+                os.path.join(work, f"{code}-warm.log"))
     results: list[dict] = []
     for cond in args.conditions.split(","):
         latency, mbps = (float(x) for x in cond.split(":"))
@@ -341,10 +368,7 @@ def _cases(args: argparse.Namespace, moto: Moto, ds: str, shards: list, work: st
             for workers in (int(w) for w in args.workers.split(",")):
                 by_code = {}
                 for code, python, src in codes:
-                    spec = {"code": code, "endpoint": f"http://127.0.0.1:{proxy.port}", "bucket": BUCKET,
-                            "workers": workers, "src": src, "window": args.window, "limit": args.limit,
-                            "shards": len(shards), "expected": os.path.join(work, "expected.npy"),
-                            "cache": os.path.join(work, f"cache-{code}-{workers}-{latency}")}
+                    spec = _spec(args, code, src, f"http://127.0.0.1:{proxy.port}", workers, len(shards), work)
                     r = derive(run_case(spec, proxy, python, os.path.join(work, f"{code}.log")), sizes[code],
                                ceiling)
                     shutil.rmtree(spec["cache"], ignore_errors=True)

@@ -1,6 +1,7 @@
 """One case of `tools/bench_remote.py` in this (fresh) process, for any loader: a cold first epoch, then (where
 the loader resumes) a resume at half an epoch on a fresh cache. The same clock and the same measures for every
-loader; the loader itself comes from an adapter (`make`, `windows`, `state_dict`, `load_state_dict`, `close`).
+loader; the loader itself comes from an adapter (`make`, `windows`, `close`; `state_dict` and `load_state_dict`
+where it `resumes`).
 
 Between the two parts it prints {"mark": "resume"} and waits for a line on stdin, so the parent can read the
 proxy's counters of the cold part alone.
@@ -22,13 +23,13 @@ from tools.peers.remote_samples import BATCH, SEQ, hash_rows, resume_verdict, ve
 
 
 class Adapter(Protocol):
+    """A loader under test; one that `resumes` also has `state_dict(loader)` and `load_state_dict(loader, state)`."""
+
     resumes: bool
     same_cache_on_resume: bool  # its state names the cache folder: a fresh cache is the same folder, emptied
 
     def make(self, cache: str) -> Any: ...
     def windows(self, batch: Any) -> np.ndarray: ...
-    def state_dict(self, loader: Any) -> Any: ...
-    def load_state_dict(self, loader: Any, state: Any) -> None: ...
     def close(self, loader: Any) -> None: ...
 
 
@@ -97,6 +98,16 @@ def _epoch(adapter: Adapter, cache: str, half: int, state: Any = None) -> dict:
                batches=len(hashes))
     adapter.close(loader)
     return out
+
+
+def warm(spec: dict, adapter: Adapter) -> dict:
+    """One batch, untimed (the parent's warm-up of this interpreter), its cache removed."""
+    cache = os.path.join(spec["cache"], "warm")
+    loader = adapter.make(cache)
+    adapter.windows(next(iter(loader)))
+    adapter.close(loader)
+    shutil.rmtree(spec["cache"], ignore_errors=True)
+    return {"warm": True}
 
 
 def run(spec: dict, adapter: Adapter) -> dict:

@@ -21,17 +21,17 @@ class Adapter:
     def __init__(self, spec: dict):
         if spec.get("src"):
             sys.path.insert(0, spec["src"])  # before this checkout: its dataflow is imported
-        import dataflow
+        from dataflow import StreamingDataLoader, StreamingDataset  # imported (torch with them) before the clock
 
-        self.dataflow = dataflow  # imported before the clock
+        self.dataset, self.loader = StreamingDataset, StreamingDataLoader
         self.spec, self.url = spec, f"s3://{spec['bucket']}/{PREFIX}"
 
     def make(self, cache: str) -> Any:
         s = self.spec
         opts = {"client_kwargs": {"endpoint_url": s["endpoint"]}}
-        ds = self.dataflow.StreamingDataset(self.url, seq_len=SEQ, seed=1, shuffle_window=s["window"], cache_dir=cache,
-                                            cache_limit=s["limit"], storage_options=opts)
-        return self.dataflow.StreamingDataLoader(ds, batch_size=BATCH, num_workers=s["workers"])
+        ds = self.dataset(self.url, seq_len=SEQ, seed=1, shuffle_window=s["window"], cache_dir=cache,
+                          cache_limit=s["limit"], storage_options=opts)
+        return self.loader(ds, batch_size=BATCH, num_workers=s["workers"])
 
     def windows(self, batch: Any) -> np.ndarray:
         ids, labels = batch["input_ids"].numpy(), batch["labels"].numpy()
