@@ -61,7 +61,7 @@ def judged(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class _Totals:
+class _WarmupEnd:
     """The monitor's running totals at one moment: where the warm-up ends."""
 
     at: float
@@ -95,7 +95,7 @@ class StarvationMonitor:
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ConfigError(f"StarvationMonitor: warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         self.warmup_steps = warmup_steps
-        self._warm: _Totals | None = None  # the totals when the warm-up ended (None: not yet)
+        self._warm: _WarmupEnd | None = None  # the totals when the warm-up ended (None: not yet)
         self.clock, self.cpu_clock = clock, cpu_clock
         self.waits: deque[float] = deque(maxlen=history)
         self.steps: deque[float] = deque(maxlen=history)
@@ -152,7 +152,7 @@ class StarvationMonitor:
                 cuda.before_fetch()
             c0, t0 = cpu(), perf()
             if self._warm is None and self.batches == self.warmup_steps:  # asking for the first steady batch
-                self._warm = _Totals(t0, self.total_wait, self.total_step, self.count, self.batches, self.tokens)
+                self._warm = _WarmupEnd(t0, self.total_wait, self.total_step, self.count, self.batches, self.tokens)
             try:
                 batch = next(it)
             except StopIteration:
