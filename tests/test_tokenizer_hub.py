@@ -247,3 +247,22 @@ def test_a_failed_download_is_one_line_saying_what_to_do(cache, monkeypatch, err
     with pytest.raises(ConfigError) as e:
         load_tokenizer("acme/tok@v9")
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("spec, parsed", [
+    ("meta-llama/Llama-3.1-8B", ("meta-llama/Llama-3.1-8B", None)), ("acme/tok@v1.0", ("acme/tok", "v1.0")),
+    ("acme/tok@refs/pr/1", ("acme/tok", "refs/pr/1")), ("hf:gpt2", ("gpt2", None)),
+    ("data/tok.json", None), ("a/b/c", None), ("s3://bucket/tok", None), ("./acme/tok", None),
+    ("acme/tok@../../x", None), ("ünï/tok", None), ("tiktoken:acme/tok", None),
+])
+def test_which_specs_name_a_hub_repository(spec, parsed):
+    from dataflow.tokenizers import hub
+
+    assert hub.parse(spec) == parsed
+
+
+@pytest.mark.parametrize("spec", ["hf:acme/tok@", "hf:../x", "hf:acme/x--y", "hf:a/b/c"])
+def test_an_hf_spec_that_is_no_repository_id_is_one_line(spec):
+    with pytest.raises(ConfigError, match="not a Hugging Face Hub repository id") as e:
+        load_tokenizer(spec)
+    assert "\n" not in str(e.value)

@@ -2,8 +2,8 @@
 repository, from huggingface_hub's cache first.
 
 Which spec is a Hub repository: `hf:REPO[@REVISION]` always (a bare `hf:gpt2` too); `ORG/NAME[@REVISION]` when no
-file or folder of that name is here (a local path that exists wins), it has one `/`, no `://`, and does not end in
-`.json` or `.tiktoken`.
+file or folder of that name is here (a local path that exists wins), ORG/NAME has one `/`, and the spec has no
+`://` and does not end in `.json` or `.tiktoken`.
 
 The cache is huggingface_hub's (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub), laid out as
 huggingface_hub lays it out: `models--ORG--NAME/refs/REVISION` holds the commit a branch or tag named last,
@@ -34,7 +34,8 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 EXTRA = "pip install 'dataflow-lm[hub]'"
 _NAME = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?"
-_REPO = re.compile(rf"(?:{_NAME}/)?{_NAME}")  # the Hub's repo ids: `gpt2`, `meta-llama/Llama-3.1-8B`
+_REPO = re.compile(rf"(?:{_NAME}/)?{_NAME}", re.ASCII)  # the Hub's repo ids: `gpt2`, `meta-llama/Llama-3.1-8B`
+_REVISION = re.compile(r"[\w.-]+(?:/[\w.-]+)*", re.ASCII)  # a branch, tag (`v1.0`, `refs/pr/1`) or commit
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _TRUE = ("1", "true", "yes", "on")
 
@@ -52,12 +53,12 @@ def parse(spec: str) -> tuple[str, str | None] | None:
     """(repository, revision or None) when `spec` names a Hub repository (see the module), else None; a
     ConfigError of one line for an `hf:` spec that is no repository id."""
     explicit = spec.startswith(PREFIX)
-    if not explicit and (spec.count("/") != 1 or "://" in spec or spec.endswith((".json", ".tiktoken"))
+    if not explicit and (spec.partition("@")[0].count("/") != 1 or "://" in spec or spec.endswith((".json", ".tiktoken"))
                          or os.path.exists(spec)):
         return None
     repo, at, revision = spec[len(PREFIX):].partition("@") if explicit else spec.partition("@")
-    if _REPO.fullmatch(repo) and "--" not in repo and ".." not in repo and (revision or not at) \
-            and (explicit or "/" in repo):
+    if _REPO.fullmatch(repo) and "--" not in repo and ".." not in repo and (explicit or "/" in repo) \
+            and (not at or (_REVISION.fullmatch(revision) and ".." not in revision)):
         return repo, revision or None
     if explicit:
         raise ConfigError(f"--tokenizer {spec}: not a Hugging Face Hub repository id; pass hf:ORG/NAME or "
