@@ -203,5 +203,31 @@ def test_tokenizer_modules_import_only_downward():
     assert not bad, "\n".join(bad)
 
 
+# Inside sources/: layers from the top, as in loading/ (the package's __init__ is its face, above them all).
+SOURCES_LAYERS = [
+    ("registry",),  # every input kind by name, and what the run asks through them
+    ("cut_process",),  # the coordinator's cut of compressed JSONL, in a process of its own
+    ("pieces",),  # one compressed JSONL stream cut into pieces
+    ("jsonl", "text"),  # the readers of JSONL and text files
+    ("compressed",),  # decompressed streams, checked
+    ("listing",),  # input files and their kinds
+    ("datasets_folder", "not_inputs"),  # a `datasets` folder's Arrow files; what no reader reads
+    ("parquet",),  # Parquet files, and tables as blocks (a `datasets` folder's batches too)
+    ("kind",),  # the input-kind protocol and the parsed --text-field
+    ("records",),  # Unit, Span, Block, Record
+]
+
+
+def test_sources_modules_import_only_downward():
+    rank = {m: i for i, layer in enumerate(SOURCES_LAYERS) for m in layer}
+    root = ROOT / "dataflow" / "sources"
+    files = {p.stem for p in root.glob("*.py")} - {"__init__"}
+    assert files == set(rank), f"place each sources module in SOURCES_LAYERS: {sorted(files ^ set(rank))}"
+    bad = [f"sources/{m}.py imports sources/{n}.py (not below it)"
+           for m in sorted(files) for n in sorted(_sibling_imports(root / f"{m}.py", "dataflow.sources"))
+           if rank[n] <= rank[m]]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_prefetcher_knows_the_loader_only_through_the_contract():
     assert "loader" not in _sibling_imports(ROOT / "dataflow" / "loading" / "prefetch.py")
