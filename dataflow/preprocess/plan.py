@@ -1,9 +1,9 @@
 """Work units: the deterministic cut of the inputs into pieces that workers tokenize independently.
 
-Units are numbered in input order. Each input kind's reader says how its files are cut (`readers/`):
+Units are numbered in input order. Each input kind's reader says how its files are cut (`dataflow/sources/`):
 uncompressed JSONL into byte ranges aligned to line ends (so one huge file spreads over all workers),
 Parquet into row groups; a compressed JSONL file is one unit here, cut into pieces of its decompressed
-stream as it is read (`readers/pieces.py`: by the coordinator, or by the worker that reads the file whole
+stream as it is read (`sources/pieces.py`: by the coordinator, or by the worker that reads the file whole
 when there are enough such files to keep every worker busy; the same pieces either way). Consecutive small
 units (small files, row groups, the tail of a cut file) are grouped into bundles of at most `unit_bytes`: a
 bundle (or a piece) is what one worker tokenizes into finished shards, so shards never span bundles.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import fsspec
 
-from dataflow.sources import input_kind, parquet, spans, splits_into_pieces
+from dataflow.sources import input_kind, read_ahead, spans, splits_into_pieces
 from dataflow.sources.records import Unit
 
 DEFAULT_UNIT_BYTES = 32 * 1024 * 1024
@@ -32,17 +32,15 @@ def file_sizes(files: list[str]) -> list[int]:
 
 def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES, sizes: list[int] | None = None,
                names: dict[str, str] | None = None) -> list[Unit]:
-    """The units of `files` in input order, each file cut by its kind's reader (`readers.spans`); `sizes`,
+    """The units of `files` in input order, each file cut by its kind's reader (`sources.spans`); `sizes`,
     when known, saves asking for them again; `names`: each file's name in derived ids, by default its base
     name."""
     sizes = file_sizes(files) if sizes is None else sizes
     kinds = [input_kind(f) for f in files]
-    parquet.read_plans([f for f, k in zip(files, kinds) if k == "parquet"],  # many footers at once, not serially
-                       [s for s, k in zip(sizes, kinds) if k == "parquet"])
+    read_ahead(files, kinds, sizes)  # many Parquet footers at once, not one after another
     units: list[Unit] = []
-    for file, size in zip(files, sizes):
+    for file, kind, size in zip(files, kinds, sizes):
         name = (names or {}).get(file) or file.rstrip("/").rsplit("/", 1)[-1]
-        kind = input_kind(file)
         for span in spans(file, kind, size, unit_bytes):
             units.append(Unit(len(units), file, kind, name, span.first_row, span.start, span.end, span.size))
     return units

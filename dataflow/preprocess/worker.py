@@ -19,12 +19,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dataflow.formats.manifest import ShardInfo, TokenizerMeta
 from dataflow.formats.writer import DocIds, ShardWriter
 from dataflow.formats import arrays
-from dataflow.sources import Block, compressed_file, pieces, read_unit_blocks
+from dataflow.sources import Block, TextFields, compressed_file, default_ids, pieces, read_unit_blocks
 from dataflow.tokenizers.flat import frame, string_buffers
 from dataflow.preprocess.output import upload_shards
 from dataflow.preprocess.plan import DEFAULT_UNIT_BYTES
@@ -38,7 +37,7 @@ class UnitSpec:
 
     tokenizer: str
     engine: str
-    text_field: str
+    text_field: str | TextFields  # one field's name, or the parsed --text-field of several (sources.parse_text_fields)
     id_field: str
     eos_id: int | None
     meta: TokenizerMeta
@@ -181,7 +180,7 @@ def _write_block(block: Block, k: int, first: int, unit: Unit, tok: Tokenizer, s
         return
     keep = None if good.all() else arrays.bools(good)
     texts = block.texts if keep is None else block.texts.filter(keep)
-    ids = _with_default_ids(block, positions, unit)
+    ids = default_ids(unit, block, positions)  # named after their place when the input carries none
     ids = ids if keep is None else ids.filter(keep)
     values, offsets = frame(tok.encode_docs(texts, spec.special_tokens), spec.bos_id, spec.eos_id, spec.meta.dtype)
     result.text_bytes += int(string_buffers(texts)[0][-1])
@@ -205,22 +204,3 @@ def _write(writer: ShardWriter, values: np.ndarray, offsets: np.ndarray, ids: pa
     writer.write_batch(values, offsets, DocIds.from_arrow(ids))
     result.documents += len(ids)
     result.tokens += int(values.size)
-
-
-def _with_default_ids(block: Block, positions: np.ndarray, unit: Unit) -> pa.Array:
-    """Records without an id are named after their place: `file@byte` (JSONL: where the record's line
-    starts in the decompressed file), `file:row` (Parquet), or `file` (a text file's one document).
-    All three are known to the worker that reads the record, whatever the cut of the input."""
-    ids = block.ids
-    if not ids.null_count:
-        return ids
-    if unit.kind == "text":
-        default = arrays.repeated(unit.name, len(ids))
-    elif unit.kind == "jsonl":
-        default = pc.binary_join_element_wise(arrays.text_scalar(f"{unit.name}@"),
-                                              pc.cast(arrays.numbers(block.starts), pa.string()), arrays.text_scalar(""))
-    else:
-        rows = arrays.numbers(unit.first_row + positions)
-        default = pc.binary_join_element_wise(arrays.text_scalar(f"{unit.name}:"), pc.cast(rows, pa.string()),
-                                              arrays.text_scalar(""))
-    return pc.if_else(ids.is_null(), default, ids)

@@ -19,8 +19,9 @@ import pyarrow as pa
 
 from dataflow.errors import ConfigError, InputError
 from dataflow.formats.remote_errors import first_line
-from dataflow.sources.parquet import table_blocks
-from dataflow.sources.records import Block, Span
+from dataflow.sources import parquet
+from dataflow.sources.kind import DATASETS, InputKind, TextFields, text_fields
+from dataflow.sources.records import BLOCK_BYTES, Block, Span
 
 if TYPE_CHECKING:
     from dataflow.sources.records import Unit
@@ -103,23 +104,25 @@ def first_fields(url: str) -> list[str] | None:
         return list(reader.schema.names)
 
 
-def unit_blocks(unit: "Unit", text_field: str, id_field: str) -> Iterator[Block]:
-    """The records of the unit's record batches [start, end), the text and id columns only."""
+def unit_blocks(unit: "Unit", text: TextFields | str, id_field: str, size: int = BLOCK_BYTES) -> Iterator[Block]:
+    """The records of the unit's record batches [start, end), the text and id columns only (`size` is JSONL's)."""
+    fields = text_fields(text)
     with _opened(unit.file) as (source, reader):
         names = reader.schema.names
-        if text_field not in names:
-            raise InputError(f"{unit.file}: no column {text_field!r} (columns: {', '.join(names)}); pass "
-                             f"--text-field with the one that holds the text")
-        kind = reader.schema.field(text_field).type
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            raise InputError(f"{unit.file}: column {text_field!r} holds {kind}, not strings; pass --text-field "
-                             f"with a string column")
-        columns = [text_field] + ([id_field] if id_field in names else [])
+        for name in fields.names:
+            if name not in names:
+                raise InputError(f"{unit.file}: no column {name!r} (columns: {', '.join(names)}); pass "
+                                 f"--text-field with the one that holds the text")
+            kind = reader.schema.field(name).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                raise InputError(f"{unit.file}: column {name!r} holds {kind}, not strings; pass --text-field "
+                                 f"with a string column")
+        columns = fields.columns(id_field, id_field in names)
         for n, batch in enumerate(_batches(unit.file, reader, source)):
             if unit.end is not None and n >= unit.end:
                 return
             if n >= unit.start:
-                yield from table_blocks(pa.Table.from_batches([batch.select(columns)]), text_field, id_field)
+                yield from parquet.table_blocks(pa.Table.from_batches([batch.select(columns)]), fields, id_field)
 
 
 class _opened:
@@ -166,3 +169,6 @@ def _batches(url: str, reader: pa.ipc.RecordBatchStreamReader, source: IO[bytes]
 
 def _damaged(url: str, e: Exception) -> InputError:
     return InputError(f"{url}: not a readable Arrow stream ({type(e).__name__}: {first_line(e)}); {SAVE_AGAIN}")
+
+
+KIND = InputKind(DATASETS, "row", 0, "columns", spans, first_fields, unit_blocks, parquet.derived_ids)

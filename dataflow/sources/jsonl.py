@@ -23,8 +23,11 @@ from typing import IO, TYPE_CHECKING, Iterator
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from dataflow.formats import arrays
 from dataflow.sources.compressed import open_decompressed
+from dataflow.sources.kind import JSONL, InputKind, TextFields, text_fields
 from dataflow.sources.listing import split_compression
 from dataflow.sources.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
                                                  id_text, not_text)
@@ -57,19 +60,20 @@ def _supports_ranges(fs, path: str) -> bool:
         return False
 
 
-def unit_blocks(unit: "Unit", text_field: str, id_field: str, size: int = BLOCK_BYTES) -> Iterator[Block]:
+def unit_blocks(unit: "Unit", text: TextFields | str, id_field: str, size: int = BLOCK_BYTES) -> Iterator[Block]:
     """The records of one unit, `size` bytes of input a block: a piece's bytes (in a spill file, or carried),
     or a byte range of the file."""
+    fields = text_fields(text)
     if unit.spill:  # a piece of a compressed stream, decompressed by the main process into a file
         with _mapped(unit.spill) as data:
-            yield from jsonl_blocks(data, text_field, id_field, size, base=unit.start)
+            yield from jsonl_blocks(data, fields, id_field, size, base=unit.start)
         return
     if unit.data is not None:
-        yield from jsonl_blocks(unit.data, text_field, id_field, size, base=unit.start)
+        yield from jsonl_blocks(unit.data, fields, id_field, size, base=unit.start)
         return
     with open_decompressed(unit.file, seek=unit.start > 0) as f:
         for pos, chunk in _placed_line_chunks(f, unit.start, unit.end, size):
-            yield from jsonl_blocks(chunk, text_field, id_field, size, base=pos)
+            yield from jsonl_blocks(chunk, fields, id_field, size, base=pos)
 
 
 @contextlib.contextmanager
@@ -165,39 +169,44 @@ def _first_line_at(f: IO[bytes], start: int, end: int | None, size: int) -> tupl
             return None
 
 
-def jsonl_blocks(data: bytes | mmap.mmap, text_field: str, id_field: str, size: int = BLOCK_BYTES,
+def jsonl_blocks(data: bytes | mmap.mmap, text: TextFields | str, id_field: str, size: int = BLOCK_BYTES,
                  base: int = 0) -> Iterator[Block]:
     """The records of whole JSONL lines in `data` (which starts at byte `base` of its file), BLOCK_BYTES of
     input at a time, each block read in place (an Arrow slice of `data`, not a copy)."""
+    fields = text_fields(text)
     whole = pa.py_buffer(data)
     start = 0
     while start < len(data):
         stop = data.find(b"\n", min(start + size, len(data)) - 1)
         stop = len(data) if stop < 0 else stop + 1
-        yield parse_jsonl(whole.slice(start, stop - start), text_field, id_field, base + start)
+        yield parse_jsonl(whole.slice(start, stop - start), fields, id_field, base + start)
         start = stop
 
 
-def parse_jsonl(chunk: bytes | pa.Buffer, text_field: str, id_field: str, base: int = 0) -> Block:
+def parse_jsonl(chunk: bytes | pa.Buffer, text: TextFields | str, id_field: str, base: int = 0) -> Block:
     """Whole JSONL lines as a block: pyarrow's reader when it reads them exactly, else line by line."""
+    fields = text_fields(text)
     raw = np.frombuffer(chunk, dtype=np.uint8)
     ends = np.flatnonzero(raw == 10)
     lines = len(ends) + int(len(raw) == 0 or raw[-1] != 10)  # a last line without its newline counts
-    block = _pyarrow_jsonl(chunk, text_field, id_field, lines)
+    block = _pyarrow_jsonl(chunk, fields, id_field, lines)
     if block is not None:
         block.starts = base + np.concatenate([[0], ends + 1])[:lines].astype(np.int64)
         return block
     raws = (chunk.to_pybytes() if isinstance(chunk, pa.Buffer) else chunk).splitlines(True)
-    block = block_of([parse_json_line(raw, i, text_field, id_field) for i, raw in enumerate(raws)])
+    block = block_of([parse_json_line(raw, i, fields, id_field) for i, raw in enumerate(raws)])
     block.starts = base + np.concatenate([[0], np.cumsum([len(raw) for raw in raws])])[:len(raws)].astype(np.int64)
     return block
 
 
-def _pyarrow_jsonl(chunk: bytes | pa.Buffer, text_field: str, id_field: str, lines: int) -> Block | None:
+def _pyarrow_jsonl(chunk: bytes | pa.Buffer, text: TextFields, id_field: str, lines: int) -> Block | None:
     import pyarrow.json as pj
 
     for id_type in (pa.string(), pa.int64()):
-        schema = pa.schema([(text_field, pa.string()), (id_field, id_type)])
+        if id_type != pa.string() and id_field in text.names:  # the id is a text field: a string or a bad record
+            break
+        schema = pa.schema([(name, pa.string()) for name in text.names]
+                           + [(name, id_type) for name in text.columns(id_field)[len(text.names):]])
         try:
             table = pj.read_json(pa.BufferReader(chunk),
                                  read_options=pj.ReadOptions(use_threads=False, block_size=len(chunk) + 1),
@@ -206,9 +215,10 @@ def _pyarrow_jsonl(chunk: bytes | pa.Buffer, text_field: str, id_field: str, lin
             table.validate(full=True)  # the reader does not check that strings are UTF-8
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # try integer ids; then json.loads, line by line
             continue
-        texts = table.column(text_field).combine_chunks()
-        if texts.null_count:  # a field missing or null: json.loads tells which, line by line
+        columns = [table.column(name).combine_chunks() for name in text.names]
+        if any(column.null_count for column in columns):  # a field missing or null: json.loads tells which
             return None
+        texts = text.join(columns)
         ids = id_column(table.column(id_field).combine_chunks())
         if table.num_rows != lines:  # blank lines (which pyarrow skips), else two objects on one line
             at = _records_at(chunk, lines, table.num_rows)
@@ -234,8 +244,10 @@ def _records_at(chunk: bytes | pa.Buffer, lines: int, records: int) -> pa.Array 
     return pa.array(index, pa.int64(), mask=~held)
 
 
-def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> Record:
-    """One JSONL line as a record, or as a bad record saying why (the slow path, for blocks with one)."""
+def parse_json_line(raw: bytes, index: int, text: TextFields | str, id_field: str) -> Record:
+    """One JSONL line as a record, or as a bad record saying why (the slow path, for blocks with one); a
+    record of several text fields names the first one missing or not a string."""
+    fields = text_fields(text)
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:
@@ -247,9 +259,18 @@ def parse_json_line(raw: bytes, index: int, text_field: str, id_field: str) -> R
     if not isinstance(obj, dict):
         return Record(index, None, None, "not a JSON object")
     doc_id = id_text(obj.get(id_field))  # a number, true/false, an object: the id is its JSON text
-    if text_field not in obj:
-        return Record(index, doc_id, None, f"missing field {text_field!r}")
-    text = obj[text_field]
-    if not isinstance(text, str):  # null, a number, a list, ...: named
-        return Record(index, doc_id, None, not_text(text_field, text))
-    return checked(Record(index, doc_id, text))
+    for name in fields.names:
+        if name not in obj:
+            return Record(index, doc_id, None, f"missing field {name!r}")
+        if not isinstance(obj[name], str):  # null, a number, a list, ...: named
+            return Record(index, doc_id, None, not_text(name, obj[name]))
+    return checked(Record(index, doc_id, fields.separator.join(obj[name] for name in fields.names)))
+
+
+def derived_ids(unit: "Unit", block: Block, positions: np.ndarray) -> pa.Array:
+    """`file@byte`: where each record's line starts in its (decompressed) file."""
+    return pc.binary_join_element_wise(arrays.text_scalar(f"{unit.name}@"),
+                                       pc.cast(arrays.numbers(block.starts), pa.string()), arrays.text_scalar(""))
+
+
+KIND = InputKind(JSONL, "line", 1, "fields", spans, first_fields, unit_blocks, derived_ids)

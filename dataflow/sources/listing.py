@@ -22,6 +22,7 @@ from dataflow.errors import ConfigError, DataflowError, InputError, InputNotFoun
 from dataflow.formats import remote
 from dataflow.formats.remote_errors import explain, first_line, missing_backend, read_failed
 from dataflow.sources import datasets_folder, not_inputs
+from dataflow.sources.kind import DATASETS, JSONL, PARQUET, TEXT
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)
@@ -39,17 +40,17 @@ def split_compression(url: str) -> tuple[str, str | None]:
 
 
 def input_kind(url: str) -> str:
-    """'jsonl', 'parquet', 'text' or 'arrow' (an Arrow stream, as in a `datasets` folder), from the file's
-    name; an `InputNotFoundError` for any other name."""
+    """The name of the file's input kind (`kind.py`), from its name: 'jsonl', 'parquet', 'text' or
+    'datasets' (an Arrow stream, as in a `datasets` folder); an `InputNotFoundError` for any other name."""
     base, codec = split_compression(url.lower())
     if base.endswith(".arrow") and codec is None:
-        return "arrow"
+        return DATASETS
     if base.endswith(JSONL_SUFFIXES):
-        return "jsonl"
+        return JSONL
     if base.endswith(".parquet"):
-        return "parquet"
+        return PARQUET
     if base.endswith(TEXT_SUFFIXES):
-        return "text"
+        return TEXT
     raise InputNotFoundError(f"{url}: unsupported input type; expected {INPUT_TYPES}")
 
 
@@ -145,7 +146,7 @@ def _check(fs: fsspec.AbstractFileSystem, key: str, group: list[str], local: boo
     if len(group) == 1 and key == group[0]:  # a file named, globbed or walked (not a `datasets` folder's)
         if not_inputs.is_dataflow_manifest(fs, key):
             raise not_inputs.dataset_refused(posixpath.dirname(key))
-        if input_kind(key) == "arrow":
+        if input_kind(key) == DATASETS:
             not_inputs.check_arrow(fs, key)
 
 
@@ -164,7 +165,7 @@ def _walk(fs: fsspec.AbstractFileSystem, folder: str, local: bool) -> list[tuple
         if home in held:
             if home not in out:
                 out.append(home)  # a placeholder, replaced by the folder's files below
-        elif _is_input(f) and input_kind(f) != "arrow":
+        elif _is_input(f) and input_kind(f) != DATASETS:
             out.append(f)
     return [(f, datasets_folder.data_files(fs, f)) if f in held else (f, [f]) for f in out]
 

@@ -37,8 +37,9 @@ from dataflow.debug import cause
 from dataflow.errors import DataflowError, InputError
 from dataflow.formats import arrays, remote
 from dataflow.formats.remote_errors import explain, first_line, read_failed
+from dataflow.sources.kind import PARQUET, InputKind, TextFields, text_fields
 from dataflow.sources.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
-                                                 id_text, missing_errors, not_text)
+                                                 id_text, not_text, null_errors)
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -137,8 +138,8 @@ def read_plans(files: list[str], sizes: list[int], threads: int = FOOTER_THREADS
             list(pool.map(lambda fs: _plan(*fs), todo))
 
 
-def spans(file: str, size: int) -> list[Span]:
-    """One span per row group, each with the file's row number of its first row."""
+def spans(file: str, size: int, unit_bytes: int = 0) -> list[Span]:
+    """One span per row group, each with the file's row number of its first row (whatever `unit_bytes`)."""
     return _plan(file, size)[0]
 
 
@@ -150,18 +151,21 @@ def first_fields(url: str) -> list[str] | None:
         return None
 
 
-def unit_blocks(unit: "Unit", text_field: str, id_field: str) -> Iterator[Block]:
-    """The rows of the unit's row groups, in blocks."""
-    for table in read_groups(unit.file, text_field, id_field, unit.start, unit.end):
-        yield from table_blocks(table, text_field, id_field)
+def unit_blocks(unit: "Unit", text: TextFields | str, id_field: str, size: int = BLOCK_BYTES) -> Iterator[Block]:
+    """The rows of the unit's row groups, in blocks of about BLOCK_BYTES of text (`size` is JSONL's)."""
+    fields = text_fields(text)
+    for table in read_groups(unit.file, fields, id_field, unit.start, unit.end):
+        yield from table_blocks(table, fields, id_field)
 
 
-def read_groups(url: str, text_field: str, id_field: str, first: int, stop: int | None) -> Iterator[pa.Table]:
-    """Row groups [first, stop) of a Parquet file, with the text column (and the id column when present)."""
+def read_groups(url: str, text: TextFields | str, id_field: str, first: int, stop: int | None) -> Iterator[pa.Table]:
+    """Row groups [first, stop) of a Parquet file, with the text columns (and the id column when present)."""
+    fields = text_fields(text)
     names = _with_retries(url, lambda: _opened(url).schema_arrow.names)
-    if text_field not in names:
-        raise InputError(f"{url}: no column {text_field!r} (columns: {', '.join(names)})")
-    columns = [text_field] + ([id_field] if id_field in names else [])
+    for name in fields.names:
+        if name not in names:
+            raise InputError(f"{url}: no column {name!r} (columns: {', '.join(names)})")
+    columns = fields.columns(id_field, id_field in names)
     groups = _with_retries(url, lambda: _opened(url).num_row_groups)
     for g in range(first, groups if stop is None else stop):
         yield _with_retries(url, lambda: _opened(url).read_row_group(g, columns=columns))
@@ -204,29 +208,45 @@ def _with_retries(url: str, read: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def table_blocks(table: pa.Table, text_field: str, id_field: str) -> Iterator[Block]:
-    """A table of records (a row group, a record batch) in blocks of about BLOCK_BYTES of text."""
-    texts = table.column(text_field).combine_chunks()
-    ids = table.column(id_field).combine_chunks() if id_field in table.column_names else pa.nulls(len(texts))
-    if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
-        yield block_of(list(typed_records(texts.to_pylist(), ids.to_pylist(), text_field)))
+def table_blocks(table: pa.Table, text: TextFields | str, id_field: str) -> Iterator[Block]:
+    """A table of records (a row group, a record batch) in blocks of about BLOCK_BYTES of text, the text
+    fields of each record joined into its document."""
+    fields = text_fields(text)
+    columns = [table.column(name).combine_chunks() for name in fields.names]
+    ids = table.column(id_field).combine_chunks() if id_field in table.column_names else pa.nulls(table.num_rows)
+    if not all(pa.types.is_string(c.type) or pa.types.is_large_string(c.type) for c in columns):
+        yield block_of(list(typed_records([c.to_pylist() for c in columns], ids.to_pylist(), fields)))
         return
     ids = id_column(ids)
-    texts = pc.cast(texts, pa.string()) if pa.types.is_large_string(texts.type) else texts
+    columns = [pc.cast(c, pa.string()) if pa.types.is_large_string(c.type) else c for c in columns]
+    texts = fields.join(columns)
     sizes = np.cumsum(arrays.lengths(texts))
     cuts = np.searchsorted(sizes, np.arange(BLOCK_BYTES, int(sizes[-1]) if len(sizes) else 0, BLOCK_BYTES))
     bounds = [0, *sorted(set(int(c) + 1 for c in cuts)), len(texts)]
-    errors = missing_errors(texts, not_text(text_field, None))
+    errors = null_errors(columns, fields.names)
     for a, b in zip(bounds, bounds[1:]):
         if b > a:
             yield Block(texts.slice(a, b - a), ids.slice(a, b - a), errors.slice(a, b - a))
 
 
-def typed_records(texts: list, ids: list, text_field: str) -> Iterator[Record]:
-    """Rows of a text column that is not of string type: each one a bad record, or a string (the slow path)."""
-    for index, (text, doc_id) in enumerate(zip(texts, ids)):
+def typed_records(columns: list[list], ids: list, text: TextFields | str) -> Iterator[Record]:
+    """Rows of text columns (one list of values per field) not all of string type: each row a bad record
+    naming its first field that holds no string, or its document (the slow path)."""
+    fields = text_fields(text)
+    for index, (values, doc_id) in enumerate(zip(zip(*columns), ids)):
         doc_id = id_text(doc_id)
-        if not isinstance(text, str):
-            yield Record(index, doc_id, None, not_text(text_field, text))
+        bad = next(((name, v) for name, v in zip(fields.names, values) if not isinstance(v, str)), None)
+        if bad is not None:
+            yield Record(index, doc_id, None, not_text(*bad))
         else:
-            yield checked(Record(index, doc_id, text))
+            yield checked(Record(index, doc_id, fields.separator.join(values)))
+
+
+def derived_ids(unit: "Unit", block: Block, positions: np.ndarray) -> pa.Array:
+    """`file:row`: each record's row in its file (a table's rows, counted from 0)."""
+    rows = arrays.numbers(unit.first_row + positions)
+    return pc.binary_join_element_wise(arrays.text_scalar(f"{unit.name}:"), pc.cast(rows, pa.string()),
+                                       arrays.text_scalar(""))
+
+
+KIND = InputKind(PARQUET, "row", 0, "columns", spans, first_fields, unit_blocks, derived_ids, read_plans)

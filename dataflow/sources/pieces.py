@@ -27,6 +27,7 @@ from typing import IO, TYPE_CHECKING, Iterable, Iterator
 import fsspec
 
 from dataflow.sources.compressed import decompressed, read_errors
+from dataflow.sources.kind import JSONL
 from dataflow.sources.listing import split_compression
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ WHOLE_FILES_PER_WORKER = 2  # compressed files per worker from which each worker
 
 def splits_into_pieces(unit: "Unit") -> bool:
     """A whole compressed JSONL file: read by the coordinator and cut into pieces for the workers."""
-    return unit.kind == "jsonl" and unit.piece < 0 and split_compression(unit.file)[1] is not None
+    return unit.kind == JSONL and unit.piece < 0 and split_compression(unit.file)[1] is not None
 
 
 def compressed_file(bundle: list["Unit"]) -> bool:

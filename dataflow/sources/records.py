@@ -138,11 +138,14 @@ def id_column(ids: pa.Array) -> pa.Array:
     return arrays.strings([id_text(v) for v in ids.to_pylist()])
 
 
-def missing_errors(texts: pa.Array, reason: str) -> pa.Array:
-    """`reason` where a text is null, null elsewhere: the errors of a block read in bulk."""
-    if not texts.null_count:
-        return pa.nulls(len(texts), pa.string())
-    return pc.if_else(texts.is_null(), arrays.text_scalar(reason), arrays.text_scalar(None))
+def null_errors(columns: list[pa.Array], names: tuple[str, ...]) -> pa.Array:
+    """Why each record read in bulk is bad, null for a good one: the first of its text fields (`names`, one
+    column each) that is null, named (`field 'title' is null, not a string`)."""
+    errors = pa.nulls(len(columns[0]), pa.string())
+    for column, name in reversed(list(zip(columns, names))):  # the first field named wins: it is set last
+        if column.null_count:
+            errors = pc.if_else(column.is_null(), arrays.text_scalar(not_text(name, None)), errors)
+    return errors
 
 
 class Span(NamedTuple):

@@ -9,15 +9,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
+import numpy as np
+import pyarrow as pa
+
+from dataflow.formats import arrays
 from dataflow.sources.compressed import open_decompressed
-from dataflow.sources.records import Block, Record, block_of
+from dataflow.sources.kind import TEXT, InputKind, TextFields
+from dataflow.sources.records import BLOCK_BYTES, Block, Record, Span, block_of
 
 if TYPE_CHECKING:
     from dataflow.sources.records import Unit
 
 
-def unit_blocks(unit: "Unit", text_field: str, id_field: str) -> Iterator[Block]:
-    """The file's document and its bad lines, as one block placed at their lines."""
+def spans(file: str, size: int, unit_bytes: int) -> list[Span]:
+    """The whole file: one document is one unit."""
+    return [Span(0, 0, None, size)]
+
+
+def first_fields(url: str) -> None:
+    """A text file's document has no fields to name."""
+    return None
+
+
+def unit_blocks(unit: "Unit", text: TextFields | str, id_field: str, size: int = BLOCK_BYTES) -> Iterator[Block]:
+    """The file's document and its bad lines, as one block placed at their lines (there are no fields)."""
     yield block_of(list(read_text(unit.file)), placed=True)
 
 
@@ -40,3 +55,11 @@ def read_text(url: str) -> Iterator[Record]:
     if any(kept):
         yield Record(0, None, "\n".join(kept))
     yield from bad
+
+
+def derived_ids(unit: "Unit", block: Block, positions: np.ndarray) -> pa.Array:
+    """`file`: the file's one document is named after it."""
+    return arrays.repeated(unit.name, len(block))
+
+
+KIND = InputKind(TEXT, "line", 1, "fields", spans, first_fields, unit_blocks, derived_ids)
