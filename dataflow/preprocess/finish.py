@@ -30,13 +30,12 @@ if TYPE_CHECKING:
 def copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
     """The tokenizer's file beside each split's manifest, and the metadata that names it (with the framing of
     the documents, which `startup.unit_spec` kept on `tok`)."""
-    if not layout.remote:
-        return {split: _framed(tok, tok.copy_into(layout.writer_dir(split))) for split in layout.splits}
-    meta = _framed(tok, tok.copy_into(layout.work))
+    metas = {}
     for split in layout.splits:
-        if meta.file:
-            output.put_file(os.path.join(layout.work, meta.file), output.join(layout.writer_dir(split), meta.file))
-    return {split: meta for split in layout.splits}
+        metas[split] = _framed(tok, tok.copy_into(layout.staging_dir(split)))
+        if metas[split].file:
+            layout.publish(split, metas[split].file)
+    return metas
 
 
 def _framed(tok: Tokenizer, meta: TokenizerMeta) -> TokenizerMeta:
@@ -58,19 +57,12 @@ def write_manifests(run: Run, progress: Progress, metas: dict[str, TokenizerMeta
         shards = [ShardInfo(**{k: v for k, v in s.items() if k != "tag"}) for s in listed]
         m = Manifest(tokenizer=metas[split], format=cfg.format, compression=cfg.compression,
                      dtype=metas[split].dtype, shards=shards, provenance=provenance)
-        if layout.remote:
-            output.check_uploaded(layout.writer_dir(split), listed)
-            output.write_remote_manifest(layout.writer_dir(split), m)
-        else:
-            write_manifest(layout.writer_dir(split), m)
+        layout.check_placed(split, listed)
+        write_manifest(layout.staging_dir(split), m)  # atomically
+        layout.publish(split, MANIFEST_NAME)  # (an object store's commit point: one PUT)
         datasets[split] = _counts(m)
-    if layout.remote:
-        output.put_file(layout.errors, layout.errors_url)
-    shutil.rmtree(layout.work)  # the run is done: a rerun finds the manifests and nothing to resume
-    if layout.remote:
-        os.remove(layout.errors)  # (only now: a resume needs the local log the journal counts)
-    elif not os.listdir(layout.work_root):
-        os.rmdir(layout.work_root)  # (a remote run's, with its lock, goes when the lock is released)
+    layout.publish_error_log()
+    layout.remove_work()  # the run is done: a rerun finds the manifests and nothing to resume
     return datasets
 
 
@@ -99,9 +91,9 @@ def finished_counts(layout: Layout) -> tuple[dict[str, dict[str, int]], int, int
         m = read_manifest(output.join(layout.writer_dir(split), MANIFEST_NAME))
         datasets[split] = _counts(m)
         docs, tokens = docs + m.documents, tokens + m.tokens
-    log, errors = layout.errors_url if layout.remote else layout.errors, 0
-    if layout.exists(log):
-        with fsspec.open(log, "rb") as f:
+    errors = 0
+    if layout.exists(layout.errors_url):
+        with fsspec.open(layout.errors_url, "rb") as f:
             errors = sum(1 for _ in f)
     return datasets, docs, tokens, errors
 

@@ -1,12 +1,13 @@
-"""Where a tokenize run puts its dataset: a local folder, or any fsspec URL (`s3://`, `gs://`, ...).
+"""The object store's side of a tokenize output (any fsspec URL: `s3://`, `gs://`, ...), used by `StoreLayout`
+(layout.py, where a local folder's side is `FolderLayout`), the workers and `merge`; and path helpers that take
+a local path or a URL alike.
 
-A local folder gets its shards by rename from the run's scratch folder, in input order, and keeps the
-journal and the run lock in `OUT/_work/`. An object store has no rename and no `flock`: there each worker
-uploads its shards straight to final names derived from its bundle (`shard-UNIT-PIECE-K`), the manifest
-written at the end is the commit point (a reader sees no dataset before it), and the journal, the run lock
-and the error log live in a local work folder under the cache (`$DATAFLOW_CACHE/tokenize-work/...`, one
-per output URL): a rerun must start on the same machine to resume. A resume removes the shards an
-interrupted run uploaded that no journal lists.
+An object store has no rename and no `flock`: there each worker uploads its shards straight to final names
+derived from its bundle (`shard-UNIT-PIECE-K`, `upload_shards`), each checked again before the manifest names
+it (`check_uploaded`); the manifest written at the end is the commit point (a reader sees no dataset before
+it), and the journal, the run lock and the error log live in a local work folder under the cache
+(`$DATAFLOW_CACHE/tokenize-work/...`, one per output URL, `local_work_root`): a rerun must start on the same
+machine to resume. A resume removes the shards an interrupted run uploaded that no journal lists.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ naming it, and never deletes it. Other files beside a dataset (its inputs, notes
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -22,9 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from dataflow.errors import ConfigError, DataflowError
-from dataflow.formats.atomic import write_json_atomic
 from dataflow.formats import remote
-from dataflow.formats.manifest import MANIFEST_NAME, read_manifest
+from dataflow.formats.manifest import MANIFEST_NAME, TOKENIZE_WORK_DIR as WORK_DIR, read_manifest
 from dataflow.preprocess import output
 from dataflow.preprocess.journal import Progress, load_progress
 
@@ -38,8 +36,6 @@ TOKENIZER_NAMES = ("tokenizer.json", "tokenizer.tiktoken")
 ERRORS_NAME = re.compile(r"_errors(?:-\d+)?\.jsonl$")
 TEMP_NAME = re.compile(r"\.(?:index\.json|_errors(?:-\d+)?\.jsonl)\..+\.tmp$")  # our atomic writes' temp files
 TASK_WORK = re.compile(r"task-\d+(?:\.lock)?$")  # what runs keep in OUT/_work
-CLAIMS_NAME = "claims.json"
-WORK_DIR = "_work"  # (layout.WORK_DIR)
 SPLIT_DIRS = ("train", "val")
 PART_DIR = re.compile(r"part-\d+$")  # a task's slice of a --num-tasks run
 
@@ -134,41 +130,14 @@ def claimed(layout: Layout, journaled: Progress | None) -> dict[str, set[str]]:
     put in place after its last journal save, or uploaded by a worker before their bundle's commit."""
     found: dict[str, set[str]] = {}
     listed = {split: {s["path"] for s in shards} for split, shards in (journaled.shards if journaled else {}).items()}
-    units = _claimed_units(layout)
     for split in layout.splits:
         folder = layout.writer_dir(split)
         done = listed.get(split, set())
-        if layout.remote:
-            if units is None and journaled is None:
-                continue
-            lo, hi = units or (journaled.next_unit, float("inf"))  # (a journal of before claims files)
-            names = [n for n in list_names(folder) if _shard_number(n) is not None and lo <= _shard_number(n) < hi]
-        elif journaled is not None:
-            bound = journaled.claimed.get(split, 0) if journaled.claimed is not None else None
-            first = len(done)  # a local run numbers its shards in order: the next ones follow the listed
-            names = [n for n in list_names(folder) if (k := _shard_number(n)) is not None and k >= first
-                     and (bound is None or k < bound)]  # (None: a journal of before claims: its sequence)
-        else:
-            names = []
+        span = layout.claimed_range(split, journaled, len(done))  # each kind of output claims its own way
+        names = [] if span is None else [n for n in list_names(folder)
+                                         if (k := _shard_number(n)) is not None and span[0] <= k < span[1]]
         found[folder] = {n for n in names if n not in done}
     return found
-
-
-def save_claims(layout: Layout, units: tuple[int, int]) -> None:
-    """Before an object store's workers start: the bundles [lo, hi) whose shards they may upload, so that a
-    rerun after a crash removes what they uploaded and no journal lists."""
-    if layout.remote:
-        os.makedirs(layout.work, exist_ok=True)
-        write_json_atomic(os.path.join(layout.work, CLAIMS_NAME), {"units": list(units)})
-
-
-def _claimed_units(layout: Layout) -> tuple[int, int] | None:
-    try:
-        with open(os.path.join(layout.work, CLAIMS_NAME)) as f:
-            lo, hi = json.load(f)["units"]
-        return int(lo), int(hi)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def refuse_foreign(layout: Layout, mine: Owned) -> None:
@@ -182,8 +151,8 @@ def refuse_foreign(layout: Layout, mine: Owned) -> None:
     if output.exists_any(output.join(layout.errors_folder, layout.errors_name)) and \
             not mine.holds(layout.errors_folder, layout.errors_name):
         foreign.append(output.join(layout.errors_folder, layout.errors_name))
-    if not layout.remote:
-        foreign += _foreign_work(layout)
+    if layout.work_in_output() is not None:
+        foreign += _foreign_work(layout.work_in_output())
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise ConfigError(f"{shown}: a file this run would write is already there and was not written by a "
@@ -191,9 +160,8 @@ def refuse_foreign(layout: Layout, mine: Owned) -> None:
                           f"or write the dataset elsewhere with another -o (--overwrite never removes it)")
 
 
-def _foreign_work(layout: Layout) -> list[str]:
+def _foreign_work(work: str) -> list[str]:
     """OUT/_work when it is not a folder of our task work."""
-    work = layout.work_root
     if os.path.isdir(work):
         return [os.path.join(work, n) for n in sorted(os.listdir(work)) if not TASK_WORK.match(n)][:1]
     return [work] if os.path.lexists(work) else []
@@ -219,12 +187,10 @@ def remove_leftovers(layout: Layout, journaled: Progress | None) -> None:
     for folder, names in claimed(layout, journaled).items():
         for name in names:
             output.remove(output.join(folder, name))
-    if not layout.remote:
-        for split in layout.splits:
-            folder = layout.writer_dir(split)
-            for name in list_names(folder):
-                if TEMP_NAME.match(name):
-                    output.remove(os.path.join(folder, name))
+    for folder in layout.temp_folders():
+        for name in list_names(folder):
+            if TEMP_NAME.match(name):
+                output.remove(os.path.join(folder, name))
 
 
 def remove_owned(layout: Layout, mine: Owned) -> None:
@@ -232,11 +198,8 @@ def remove_owned(layout: Layout, mine: Owned) -> None:
     for folder, names in mine.names.items():
         for name in names:
             output.remove(output.join(folder, name))
-    if not layout.remote:
-        for folder in mine.names:
-            if os.path.normpath(folder) != os.path.normpath(layout.out):
-                with contextlib.suppress(OSError):
-                    os.rmdir(folder)  # only if empty: a folder holding other files stays
+    for folder in mine.names:
+        layout.remove_if_empty(folder)
 
 
 def list_names(folder: str) -> list[str]:
@@ -260,8 +223,7 @@ def replace_earlier(layout: Layout) -> None:
     refuse_foreign(layout, mine)
     remove_owned(layout, mine)
     shutil.rmtree(layout.work, ignore_errors=True)
-    if layout.remote:
-        output.remove(layout.errors)  # the local log of an unfinished run
+    output.remove(layout.errors)  # the log of an unfinished run (an object store's is local; a folder's, ours)
 
 
 def forget_fresh_start(layout: Layout) -> None:

@@ -29,16 +29,15 @@ from typing import Any, Callable, Iterator
 from dataflow import locks
 from dataflow.debug import cause
 from dataflow.errors import ConfigError, DataflowError
-from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.writer import shard_extension
-from dataflow.preprocess import output, ownership, startup
+from dataflow.preprocess import ownership, startup
 from dataflow.preprocess.commit import Committer
 from dataflow.preprocess.config import ResolvedConfig, TokenizeConfig
 from dataflow.preprocess.executors import Executor, make_executor
 from dataflow.preprocess.finish import copy_tokenizer, finished_counts, refuse_empty, write_manifests
 from dataflow.preprocess.journal import Progress
-from dataflow.preprocess.layout import Layout
+from dataflow.preprocess.layout import Layout, layout_of
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.task import Run, open_run
 from dataflow.sources import Reading, expand_inputs, read_bundles, workers_read_whole
@@ -74,9 +73,8 @@ def tokenize(config: TokenizeConfig) -> Summary:
     cfg = config.resolve()
     started = time.perf_counter()
     files = expand_inputs(cfg.inputs, leave_out=ownership.written_by_runs_into(cfg.out))  # never its own output
-    layout = Layout(cfg)
-    if layout.remote:
-        output.check_reachable(cfg.out)
+    layout = layout_of(cfg)
+    layout.check_reachable()
     try:
         with _one_run_at_a_time(cfg, layout):
             if cfg.overwrite:
@@ -89,18 +87,18 @@ def tokenize(config: TokenizeConfig) -> Summary:
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and str(e.filename or "").startswith(cfg.out):
             raise ConfigError(f"{cfg.out}: cannot write there ({e.strerror}); choose another -o or fix its "
                               f"permissions") from None
-        _raise_storage_error(cfg, layout, e)
+        _raise_storage_error(layout, e)
         raise
     except DataflowError:
         raise
     except Exception as e:  # noqa: BLE001
-        _raise_storage_error(cfg, layout, e)
+        _raise_storage_error(layout, e)
         raise
 
 
-def _raise_storage_error(cfg: ResolvedConfig, layout: Layout, e: BaseException) -> None:
+def _raise_storage_error(layout: Layout, e: BaseException) -> None:
     """What an object store said mid-run (credentials that expired, an endpoint gone), as one line."""
-    known = explain(cfg.out, e) if layout.remote else None
+    known = layout.explain(e)
     if known is not None:
         raise known from cause(e)
 
@@ -110,7 +108,7 @@ def _one_run_at_a_time(cfg: ResolvedConfig, layout: Layout) -> Iterator[None]:
     """Hold an exclusive lock on this task's work for the run: a second `dataflow tokenize` into the same
     folder (and task) is refused at once instead of racing the first."""
     work_root = layout.work_root
-    made = [d for d in ((work_root,) if layout.remote else (cfg.out, work_root)) if not os.path.isdir(d)]
+    made = [d for d in layout.folders_to_lock() if not os.path.isdir(d)]
     # (the folders made are removed again if left empty)
     if os.path.lexists(work_root) and not os.path.isdir(work_root):
         raise ConfigError(f"{work_root}: a file where the run keeps its work (journal, lock); it was not written "
@@ -163,7 +161,7 @@ def _tokenize(run: Run) -> Summary:
     shutil.rmtree(scratch, ignore_errors=True)  # shards of bundles no journal listed: they are made again
     ownership.remove_leftovers(layout, journaled)
     if todo:
-        ownership.save_claims(layout, (todo[0][0].index, todo[-1][-1].index + 1))  # before any upload
+        layout.save_claims((todo[0][0].index, todo[-1][-1].index + 1))  # before any upload
     with make_executor(cfg.executor, cfg.workers, cfg.tokenizer, cfg.engine) as executor, \
             contextlib.ExitStack() as readings:
 
@@ -239,8 +237,7 @@ def _commit_all(run: Run, results: Iterator, progress: Progress, scratch: str, d
     cfg, layout, plan = run.cfg, run.layout, run.plan
     units = plan.task_units
     bar = InputProgress(units, done_units, enabled=cfg.progress)
-    split_dirs = None if layout.remote else {split: layout.writer_dir(split) for split in layout.splits}
-    committer = Committer(progress, layout.work, scratch, split_dirs, shard_extension(cfg.format, cfg.compression),
+    committer = Committer(progress, layout.work, scratch, layout.rename_dirs(), shard_extension(cfg.format, cfg.compression),
                           layout.errors, cfg.max_errors)
     with committer:
         for result in results:

@@ -19,7 +19,6 @@ from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.preprocess.config import framed_meta, framing_of, tokenizer_identity
 from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
-from dataflow.preprocess import output
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.task import Run, TaskPlan
 from dataflow.sources.pieces import splits_into_pieces
@@ -108,7 +107,7 @@ def refuse_other_work(run: Run) -> None:
         if layout.exists(manifest):
             provenance = read_manifest(manifest).provenance
             refuse_if_different(run, provenance.get("settings"), provenance.get("input_files"))
-    parts = layout.task_parts() if not layout.tasked and not layout.remote else []
+    parts = layout.task_parts() if not layout.tasked else []
     if parts:  # a later `merge` would list those parts in the index.json this run writes, over it
         raise ConfigError(f"{cfg.out} holds the task slices of a --num-tasks run ({', '.join(parts[:2])}"
                           f"{', ...' if len(parts) > 2 else ''}); run `dataflow merge {cfg.out}` on them, or write "
@@ -180,7 +179,7 @@ def unit_spec(run: Run, tok: Tokenizer, engine: str) -> UnitSpec:
     return UnitSpec(cfg.tokenizer, engine, cfg.text_field, cfg.id_field, framing.eos_id,
                     framed_meta(tok.meta, framing), cfg.splits, cfg.format, cfg.compression, cfg.shard_size,
                     cfg.zstd_level, cfg.seed, cfg.val_fraction,
-                    {split: layout.writer_dir(split) for split in layout.splits} if layout.remote else None,
+                    layout.upload_dirs(),
                     piece_bytes=cfg.unit_bytes, bos_id=framing.bos_id, special_tokens=framing.special_tokens)
 
 
@@ -190,8 +189,7 @@ def start_or_resume(run: Run) -> Progress:
     workers started)."""
     layout = run.layout
     os.makedirs(layout.work, exist_ok=True)
-    for split in layout.splits if not layout.remote else ():  # an object store has no folders to make
-        os.makedirs(layout.writer_dir(split), exist_ok=True)
+    layout.make_split_dirs()
     save_inputs(layout.work, run.plan.inputs)  # the inputs as they are now (see `_resumable`)
     progress = run.journaled
     if progress is None:
@@ -210,8 +208,7 @@ def _reopen_error_log(layout: Layout, length: int) -> None:
     than that is never padded: a run stopped at its very end on an object store had uploaded it already and
     removed the local copy, which comes back from there; any other short log is refused."""
     have = os.path.getsize(layout.errors) if os.path.exists(layout.errors) else 0
-    if have < length and layout.remote and output.exists(layout.errors_url):
-        output.get_file(layout.errors_url, layout.errors)
+    if have < length and layout.restore_error_log():
         have = os.path.getsize(layout.errors)
     if have < length:
         raise ConfigError(f"{layout.errors}: the error log of the unfinished run is {have:,} bytes, its journal "
