@@ -99,3 +99,19 @@ def test_a_shard_larger_than_the_free_space_is_refused_before_downloading(remote
         with pytest.raises(CacheFullError, match="0.0 MB free"):
             st.local_path(shards[1])
     assert len(calls) == 1
+
+
+def test_engine_proofs_live_in_the_same_cache_folder(monkeypatch, tmp_path):
+    """DATAFLOW_CACHE moves every cache of the machine, the engine proofs too (they went to ~/.cache whatever it
+    said, and an empty XDG_CACHE_HOME made them a folder relative to wherever a command ran)."""
+    from dataflow.tokenizers.bpe_convert import proof_cache_dir
+
+    monkeypatch.delenv("DATAFLOW_PROOF_CACHE", raising=False)
+    monkeypatch.setenv("DATAFLOW_CACHE", str(tmp_path / "mine"))
+    assert proof_cache_dir() == str(tmp_path / "mine" / "engine-proofs")
+    monkeypatch.delenv("DATAFLOW_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert proof_cache_dir() == str(tmp_path / "home" / ".cache" / "dataflow" / "engine-proofs")
+    monkeypatch.setenv("DATAFLOW_PROOF_CACHE", str(tmp_path / "proofs"))
+    assert proof_cache_dir() == str(tmp_path / "proofs")

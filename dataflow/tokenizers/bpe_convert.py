@@ -337,6 +337,6 @@ def first_mismatch(expected: Callable[[list[str]], list[list[int]]],
 
 
 def proof_cache_dir() -> str:
-    """The folder where engine proofs are remembered on this machine (DATAFLOW_PROOF_CACHE overrides it)."""
-    return env.text("DATAFLOW_PROOF_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dataflow", "engine-proofs")
+    """The folder where engine proofs are remembered on this machine: DATAFLOW_PROOF_CACHE, else `engine-proofs`
+    in the machine's dataflow cache folder (`env.cache_dir`, which DATAFLOW_CACHE moves)."""
+    return env.text("DATAFLOW_PROOF_CACHE") or os.path.join(env.cache_dir(), "engine-proofs")
