@@ -2,11 +2,11 @@
 
 A `.jsonl.zst/.gz/.bz2/.xz` file cannot be entered in the middle, so one process of the run (the coordinator's
 cut process, `cut_process.py`) reads it as one stream and cuts it into pieces of about `piece_bytes` of
-decompressed text, each ending at a line end; the pieces are committed in order. A piece reaches its worker as a spill file: the stream is
-decompressed into one reused buffer and each piece written from it to a file in the run's scratch folder,
-which the worker maps and deletes once read (one copy of each byte, and no allocation per piece: sending
-the bytes through the pool's pipe copied each byte about eight times). Without a spill folder (workers
-on other machines) a piece carries its bytes (`Unit.data`).
+decompressed text, each ending at a line end; the pieces are committed in order. A piece reaches its worker
+as a spill file: the stream is decompressed into one reused buffer and each piece written from it to a file
+in the run's scratch folder, which the worker maps and deletes once read (one copy of each byte, and no
+allocation per piece: sending the bytes through the pool's pipe copied each byte about eight times). Without
+a spill folder (workers on other machines) a piece carries its bytes (`Unit.data`).
 The cut depends only on the decompressed bytes and `piece_bytes`, so a resumed run (which skips the
 pieces it committed) and any number of workers see the same pieces.
 
