@@ -47,8 +47,12 @@ def test_the_sample_check_tells_the_dataset_from_a_duplicate_or_nothing():
 
 @pytest.mark.heavy
 def test_quick_run_dataflow_alone(tmp_path):
-    p, rows = _run(tmp_path, "--peers", "none", timeout=240)
+    md = tmp_path / "table.md"
+    p, rows = _run(tmp_path, "--peers", "none", "--markdown", str(md), timeout=240)
     lines = p.stdout.splitlines()
+    table = md.read_text().splitlines()
+    assert table[0].startswith("`python tools/bench_remote.py --quick") and table[2].startswith("| link | loader")
+    assert table[4].startswith("| 20 ms / 100 MB/s | dataflow | 0 | ") and table[4].endswith("| ok | exact |")
     assert any(x.split()[:2] == ["code", "workers"] and "samples" in x for x in lines)
     assert [(r["code"], r["workers"], r["mbps"]) for r in rows] == [("dataflow", 0, 100.0)]
     r = rows[0]

@@ -17,9 +17,11 @@ measuring loop are tools/peers/remote_*.py. Measured:
 - GET requests; peak memory of the loader's process tree (RSS, polled); the cache's peak bytes on disk (polled);
 - what it served: the multiset of window hashes of the epoch against the dataset's ("ok"), and whether the
   samples before the state plus those after the resume are the cold epoch's ("exact").
-Then each measure's ratio to the best loader. Also in the same run: a plain boto3 download of every shard
-through the proxy (what the link gives one client) and, with `--baseline-src DIR` (a checkout of an older
-dataflow, e.g. `git worktree add /tmp/old HEAD~5`), the same cases on that code.
+Then each measure's ratio to the best loader (`--markdown F`: one table of it all). Before the clock, each
+loader is warmed up once (one batch straight from the server, untimed) so that no case pays for compiling its
+libraries' bytecode (cached in the run's folder) or reading them from disk. Also in the same run: a plain
+boto3 download of every shard through the proxy (what the link gives one client) and, with `--baseline-src
+DIR` (a checkout of an older dataflow, e.g. `git worktree add /tmp/old HEAD~5`), the same cases on that code.
 
     python tools/bench_remote.py                          # 4 shards, 32M tokens, 20ms/100MB/s and 100ms/25MB/s
     python tools/bench_remote.py --quick --peers none     # a smoke run: dataflow alone, 2M tokens, one condition
@@ -262,6 +264,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 2M tokens, 20 ms / 100 MB/s, 0 workers, where not given")
     ap.add_argument("--json", help="write every case's figures to this file")
+    ap.add_argument("--markdown", help="write the cases as one markdown table (ratios to the best) to this file")
     args = ap.parse_args()
     for name, quick in (("tokens", "2M"), ("conditions", "20:100"), ("workers", "0")):
         if args.quick and getattr(args, name) == ap.get_default(name):
@@ -298,6 +301,11 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    if args.markdown:
+        from tools.peers.remote_report import markdown
+
+        with open(args.markdown, "w") as f:
+            f.write(f"`python tools/bench_remote.py {' '.join(sys.argv[1:])}`\n\n{markdown(results)}\n")
 
 
 def _folder_bytes(folder: str) -> int:

@@ -43,7 +43,7 @@ def ratios(workers: int, results: dict[str, dict]) -> list[str]:
     ok = {c: r for c, r in results.items() if "error" not in r}
     if len(ok) < 2:
         return []
-    lines = [f"  ratio to the best, {workers} workers: " + "  ".join(f"{title:>12}" for _, title, _ in MEASURES)]
+    lines = [f"{f'  ratio to the best, {workers} workers:':35}" + "  ".join(f"{title:>12}" for _, title, _ in MEASURES)]
     best = {}
     for key, _, low in MEASURES:
         vals = [r[key] for r in ok.values() if r.get(key) is not None and not (key == "cache_peak" and r[key] == 0)]
@@ -58,3 +58,38 @@ def ratios(workers: int, results: dict[str, dict]) -> list[str]:
                 cells.append(f"{v / b:>12.2f}")
         lines.append(f"  {code:33}" + "  ".join(cells))
     return lines
+
+
+def markdown(results: list[dict]) -> str:
+    """Every case as one markdown table (docs/benchmarks*.md), ratios to the best of its condition and worker
+    count in brackets."""
+    out = ["| link | loader | workers | first batch s | after resume s | ceiling share | fetched | fetched after "
+           "resume | GETs | peak MB | cache MB | samples | resume |", "|" + "---|" * 13]
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in results:
+        groups.setdefault((r["latency_ms"], r["mbps"], r["workers"]), {})[r["code"]] = r
+    for (latency, mbps, workers), by_code in groups.items():
+        best = {}
+        for key, _, low in MEASURES:
+            vals = [r[key] for r in by_code.values() if "error" not in r and r.get(key) is not None
+                    and not (key == "cache_peak" and r[key] == 0)]
+            best[key] = (min(vals) if low else max(vals)) if vals else None
+
+        def cell(r: dict, key: str, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+            v, b = r.get(key), best.get(key)
+            if v is None:
+                return "n/a"
+            ratio = f" ({v / b:.2f})" if b and not (key == "cache_peak" and v == 0) else ""
+            return f"{format(v / scale, fmt)}{unit}{ratio}"
+
+        for code, r in by_code.items():
+            cells = [f"{latency:.0f} ms / {mbps:.0f} MB/s", code, str(workers)]
+            if "error" in r:
+                cells += [f"failed: {r['error']}"] + [""] * 9
+            else:
+                cells += [cell(r, "first_s", ".2f"), cell(r, "first_resumed_s", ".2f"), cell(r, "share", ".2f"),
+                          f"{r['fetched_x']:.2f}x", cell(r, "fetched_resumed_x", ".2f", unit="x"), str(r["gets"]),
+                          cell(r, "peak_rss", ".0f", 1e6), cell(r, "cache_peak", ".0f", 1e6), r["samples"],
+                          r["resume"]]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
