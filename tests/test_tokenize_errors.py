@@ -13,8 +13,8 @@ from conftest import GPT2_JSON
 from dataflow.errors import ConfigError, DataflowError
 from dataflow.preprocess.run import TokenizeConfig, tokenize
 
-FORMS = ("--tokenizer accepts bytes, a path or URL to a Hugging Face tokenizer.json, tiktoken:PATH "
-         "(a .tiktoken BPE file)")
+FORMS = ("--tokenizer accepts bytes, a path or URL to a Hugging Face tokenizer.json, ORG/NAME[@REVISION] or "
+         "hf:ORG/NAME[@REVISION] (a Hugging Face Hub repository's tokenizer.json), tiktoken:PATH (a .tiktoken BPE file)")
 
 
 def cli(*args) -> subprocess.CompletedProcess:

@@ -70,6 +70,15 @@ class TokenizerMeta:
     def dtype(self) -> str:
         return "uint16" if self.vocab_size <= 65536 else "uint32"
 
+    def to_dict(self) -> dict[str, Any]:
+        """As the manifest has it: the Hub's `repo` and `revision` only for a tokenizer of the Hub, so that the
+        manifest of any other run is what it was before they existed."""
+        d = asdict(self)
+        for name in ("repo", "revision"):
+            if d[name] is None:
+                del d[name]
+        return d
+
 
 @dataclass
 class ShardInfo:
@@ -129,7 +138,7 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
-            "tokenizer": asdict(self.tokenizer),
+            "tokenizer": self.tokenizer.to_dict(),
             "dtype": self.dtype,
             "format": self.format,
             "compression": self.compression,
