@@ -53,6 +53,7 @@ def test_every_kind_is_registered_once_under_the_name_files_get(inputs):
         assert input_kind(path) == name and kind_of(name) is KINDS[name]
     for former, now in FORMER_NAMES.items():  # a name used before still finds its kind
         assert kind_of(former) is KINDS[now]
+    assert DATASETS == "datasets" and kind_of("arrow") is KINDS["datasets"]  # not the shard format's name
 
 
 def test_each_kind_says_where_a_record_is_and_what_its_names_are_called():

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from dataflow.errors import InputError
 from dataflow.preprocess.journal import Progress, save_progress, save_seconds
+from dataflow.sources import place
 from dataflow.sources.records import Unit
 from dataflow.preprocess.worker import BundleResult
 
@@ -129,7 +130,7 @@ def _log_errors(result: BundleResult, progress: Progress, errlog: IO[str], error
 def _log_error(unit: Unit, record: int, doc_id: Any, reason: str, progress: Progress, errlog: IO[str],
                errors_path: str, max_errors: int) -> None:
     progress.errors += 1
-    where = {"row": record} if unit.kind in ("parquet", "arrow") else {"line": record + 1}  # JSONL and text: lines from 1
+    where = place(unit.kind, record)  # {"line": from 1} (JSONL, text) or {"row": from 0} (Parquet, datasets)
     errlog.write(json.dumps({"file": unit.file, **where, "id": doc_id, "reason": reason}) + "\n")
     if progress.errors > max_errors:
         errlog.flush()

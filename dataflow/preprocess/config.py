@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import fsspec
 
 from dataflow.debug import cause
+from dataflow.sources import DEFAULT_SEPARATOR, TextFields, parse_text_fields, separator_arg
 from dataflow.errors import ConfigError
 from dataflow.formats import remote
 from dataflow.formats.manifest import SPECIAL_TOKEN_RULES, Framing, TokenizerMeta
@@ -71,7 +72,11 @@ class TokenizeConfig:
     engine: str = setting("auto", ("--engine",), "what encodes a tokenizer.json: auto = the fastest engine proven "
                           "to give the ids of tokenizers (gigatoken, then tiktoken, then hf = tokenizers itself); "
                           "naming one forces it", choices=["auto", "gigatoken", "tiktoken", "hf"])
-    text_field: str = setting("text", ("--text-field",), "JSON/Parquet field holding each document's text")
+    text_field: str = setting("text", ("--text-field",), "JSON/Parquet field holding each document's text; several, "
+                              "comma-separated (title,text), are joined into one document by --text-separator")
+    text_separator: str = setting(DEFAULT_SEPARATOR, ("--text-separator",), "what joins the fields of a "
+                                  "--text-field list (default: a blank line, \\n\\n; \\n, \\t, \\r and "
+                                  "\\\\ are read as escapes)", type=separator_arg)
     id_field: str = setting("id", ("--id-field",), "field holding each document's id (a stable id is derived "
                             "from file and line when absent)")
     format: str = setting("arrow", ("--format",), "shard format: Arrow IPC files or WebDataset tars",
@@ -131,7 +136,8 @@ class TokenizeConfig:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(shard_size=parse_size(self.shard_size), workers=worker_count(self.workers),
                       unit_bytes=self.unit_bytes or DEFAULT_UNIT_BYTES)  # shards end where bundles end
-        return ResolvedConfig(**values, splits=("train",) if self.val_fraction <= 0 else ("train", "val"))
+        return ResolvedConfig(**values, splits=("train",) if self.val_fraction <= 0 else ("train", "val"),
+                              text=parse_text_fields(self.text_field, self.text_separator))
 
     def check(self) -> None:
         """Refuse settings that cannot work or contradict each other: one `ConfigError` line naming the flag."""
@@ -186,6 +192,7 @@ class ResolvedConfig:
     tokenizer: str
     engine: str
     text_field: str
+    text_separator: str
     id_field: str
     format: str
     compression: str
@@ -207,6 +214,7 @@ class ResolvedConfig:
     overwrite: bool
     progress: bool
     splits: tuple[str, ...]  # ("train",), or ("train", "val") with --val-fraction
+    text: TextFields  # --text-field parsed: the fields joined into each document, and their separator
 
     @property
     def tasked(self) -> bool:
@@ -219,6 +227,8 @@ class ResolvedConfig:
         added, removed or resized since an interrupted run would shift every unit after it. (The run computes
         them once: `task.Run.settings`.)"""
         d = {f.name: getattr(self, f.name) for f in fields(TokenizeConfig) if f.metadata["output"]}
+        if len(self.text.names) == 1:  # a separator joins nothing: not in the settings (older journals resume)
+            d.pop("text_separator")
         d["inputs"] = input_digest(inputs)
         d["tokenizer"] = tokenizer_identity(self.tokenizer)
         d["bos"] = "template" if self.bos is None else self.bos

@@ -22,7 +22,7 @@ from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save
 from dataflow.preprocess.layout import Layout
 from dataflow.preprocess.task import Run, TaskPlan
 from dataflow.sources.pieces import splits_into_pieces
-from dataflow.sources import first_record_fields, read_unit_blocks
+from dataflow.sources import fields_word, first_record_fields, read_unit_blocks
 from dataflow.sources.records import Unit
 from dataflow.tokenizers.load import SAMPLE_CHARS, Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
@@ -117,12 +117,12 @@ def refuse_other_work(run: Run) -> None:
 def check_fields(run: Run) -> None:
     """Fail at once, not after --max-errors bad records, when the first record lacks the text field; or lacks an
     --id-field that was chosen (not the default `id`), which would silently give derived ids instead."""
-    units, text_field, id_field = run.plan.units, run.cfg.text_field, run.cfg.id_field
+    units, id_field = run.plan.units, run.cfg.id_field
     if not units:
         return
     fields = first_record_fields(units[0].file, units[0].kind)
-    what = "columns" if units[0].kind in ("parquet", "arrow") else "fields"
-    checks = [("--text-field", text_field, "the text")]
+    what = fields_word(units[0].kind)
+    checks = [("--text-field", name, "the text") for name in run.cfg.text.names]
     if id_field != "id":  # the default may be absent: ids are then derived from file and line
         checks.append(("--id-field", id_field, "the ids"))
     for flag, name, holds in checks:
@@ -162,7 +162,7 @@ def _sample_texts(units: list[Unit], cfg: ResolvedConfig, chars: int = SAMPLE_CH
     if cfg.tokenizer == "bytes" or not units:
         return []
     texts, total = [], 0
-    for block in read_unit_blocks(units[0], cfg.text_field, cfg.id_field, jsonl_block=SAMPLE_BLOCK_BYTES):
+    for block in read_unit_blocks(units[0], cfg.text, cfg.id_field, jsonl_block=SAMPLE_BLOCK_BYTES):
         for text in block.texts.drop_null().to_pylist():
             texts.append(text[:chars - total])  # a 50 MB first document is proven on its first part only
             total += len(texts[-1])
@@ -176,7 +176,7 @@ def unit_spec(run: Run, tok: Tokenizer, engine: str) -> UnitSpec:
     documents included: decided here, once, and kept on `tok` for the manifests (`finish.copy_tokenizer`)."""
     cfg, layout = run.cfg, run.layout
     tok.framing = framing = framing_of(cfg, tok)
-    return UnitSpec(cfg.tokenizer, engine, cfg.text_field, cfg.id_field, framing.eos_id,
+    return UnitSpec(cfg.tokenizer, engine, cfg.text, cfg.id_field, framing.eos_id,
                     framed_meta(tok.meta, framing), cfg.splits, cfg.format, cfg.compression, cfg.shard_size,
                     cfg.zstd_level, cfg.seed, cfg.val_fraction,
                     layout.upload_dirs(),

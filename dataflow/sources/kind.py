@@ -22,11 +22,9 @@ if TYPE_CHECKING:
 
     from dataflow.sources.records import Block, Span, Unit
 
-# the kind of a `datasets` folder's files is called "arrow" until the error log and the start-up check ask
-# `place`/`fields_word` instead of comparing names (preprocess/commit.py, startup.py); then it is "datasets",
-# no longer the shard format's name, and "arrow" a former name, still understood
-JSONL, PARQUET, TEXT, DATASETS = "jsonl", "parquet", "text", "arrow"
-FORMER_NAMES: dict[str, str] = {}
+JSONL, PARQUET, TEXT, DATASETS = "jsonl", "parquet", "text", "datasets"
+# a `datasets` folder's kind was called "arrow" before, the shard format's name too: still understood
+FORMER_NAMES = {"arrow": DATASETS}
 DEFAULT_SEPARATOR = "\n\n"  # between the fields of a record joined into one document: a paragraph break
 
 
