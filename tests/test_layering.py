@@ -231,3 +231,26 @@ def test_sources_modules_import_only_downward():
 
 def test_the_prefetcher_knows_the_loader_only_through_the_contract():
     assert "loader" not in _sibling_imports(ROOT / "dataflow" / "loading" / "prefetch.py")
+
+
+# Inside formats/: layers from the top, as in loading/ (the package's __init__ is its face: shard_format).
+FORMATS_LAYERS = [
+    ("verify", "inspect"),  # `dataflow verify`, `dataflow inspect`
+    ("writer", "reader"),  # ShardWriter; whole documents back out, shard by shard
+    ("shard_formats",),  # the ShardFormat interface, the registry by name, CheckedShard: opened and checked once
+    ("arrow", "tar"),  # the two shard formats
+    ("manifest",),  # index.json: the schema, read checked, written atomically
+    ("remote", "manifest_bounds"),  # what every remote read shares; how far a manifest is read
+    ("remote_errors", "atomic", "hashing", "arrays"),
+]
+
+
+def test_formats_modules_import_only_downward():
+    rank = {m: i for i, layer in enumerate(FORMATS_LAYERS) for m in layer}
+    root = ROOT / "dataflow" / "formats"
+    files = {p.stem for p in root.glob("*.py")} - {"__init__"}
+    assert files == set(rank), f"place each formats module in FORMATS_LAYERS: {sorted(files ^ set(rank))}"
+    bad = [f"formats/{m}.py imports formats/{n}.py (not below it)"
+           for m in sorted(files) for n in sorted(_sibling_imports(root / f"{m}.py", "dataflow.formats"))
+           if rank[n] <= rank[m]]
+    assert not bad, "\n".join(bad)

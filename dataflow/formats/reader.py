@@ -17,11 +17,10 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from dataflow.errors import ConfigError, FormatError
+from dataflow.errors import ConfigError
 from dataflow.formats import remote
-from dataflow.formats.arrow import ArrowShard
 from dataflow.formats.manifest import Manifest, ShardInfo
-from dataflow.formats.tar import parse_tar_shard, read_tar_stream
+from dataflow.formats.shard_formats import CheckedShard
 
 
 class ShardFiles(Protocol):
@@ -84,35 +83,14 @@ def shard_files(dataset: str, files: ShardFiles | None = None) -> ShardFiles:
     return InPlace(dataset.removeprefix("file://"))
 
 
-def check_tokens(name: str, where: str, tokens: np.ndarray, dtype: np.dtype, vocab_size: int) -> None:
-    """Refuse tokens of another type than the manifest's, or ids outside its vocabulary."""
-    if tokens.dtype != dtype:
-        raise FormatError(f"{name}: {where} holds {tokens.dtype} tokens, the manifest says {dtype}; the shard is "
-                          f"not what its manifest describes (run `dataflow verify`)")
-    if len(tokens) and int(tokens.max()) >= vocab_size:
-        raise FormatError(f"{name}: {where} holds token id {int(tokens.max())}, outside the vocabulary of "
-                          f"{vocab_size}; the shard is damaged (run `dataflow verify`, then re-create or "
-                          f"re-download it)")
-
-
 def iter_shard_batches(path: str, manifest: Manifest, info: ShardInfo,
                        name: str | None = None) -> Iterator[tuple[Sequence[Any], np.ndarray, np.ndarray]]:
-    """(ids, tokens, document offsets into them) of one shard, checked, in stored order: an Arrow shard's
-    record batches, a tar shard's documents one at a time. `name` is the shard in errors."""
-    name = name or path
-    dtype, vocab = np.dtype(manifest.dtype), manifest.tokenizer.vocab_size
-    if manifest.format == "arrow":
-        shard = ArrowShard(path, name)
-        info.check_holds(name, shard.num_documents, shard.num_tokens)
-        for i in range(shard.num_batches):
-            values, offsets, ids = shard.batch(i)
-            check_tokens(name, f"record batch {i}", values, dtype, vocab)
-            yield ids, values, offsets
-    else:
-        ids, docs = parse_tar_shard(read_tar_stream(path, info, dtype.itemsize, name), name, info, dtype)
-        for doc_id, tokens in zip(ids, docs):
-            check_tokens(name, f"document {doc_id!r}", tokens, dtype, vocab)
-            yield [doc_id], tokens, np.array([0, len(tokens)])
+    """(ids, tokens, document offsets into them) of one shard, checked (`CheckedShard`), in stored order: an
+    Arrow shard's record batches, a tar shard's documents one at a time. `name` is the shard in errors."""
+    shard = CheckedShard(path, manifest.format, info, manifest.dtype, manifest.tokenizer.vocab_size, name)
+    for i in range(shard.num_batches):
+        values, offsets, ids = shard.batch(i)
+        yield ids, values, offsets
 
 
 def iter_shard_documents(path: str, manifest: Manifest, info: ShardInfo,

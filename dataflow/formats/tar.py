@@ -11,6 +11,7 @@ definition of a valid shard), so they all accept and refuse the same shards.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import mmap
@@ -18,13 +19,14 @@ import os
 import re
 import struct
 import tarfile
-from typing import IO, Iterator, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 import fsspec
 import numpy as np
 import zstandard
 
 from dataflow.errors import FormatError
+from dataflow.formats.atomic import atomic_open
 from dataflow.formats.manifest import ShardInfo
 
 # "block" means tokenize's input blocks in dataflow/; here it is the POSIX tar term (512 bytes), kept as a
@@ -319,3 +321,78 @@ def decode_tar_stream(src: str, dst: str, info: ShardInfo, itemsize: int, name: 
             out.write(chunk)
             size += len(chunk)
     return size
+
+
+class TarShard:
+    """A tar shard read whole (`read_tar_stream`) and parsed (`parse_tar_shard`), its counts checked against its
+    manifest entry: each document is a batch, a view into the (memory-mapped, when plain) stream."""
+
+    def __init__(self, path: str, info: ShardInfo, dtype: np.dtype, name: str):
+        self.ids, self.docs = parse_tar_shard(read_tar_stream(path, info, dtype.itemsize, name), name, info, dtype)
+        lengths = np.array([len(d) for d in self.docs], dtype=np.int64)
+        self.token_starts = np.concatenate([[0], np.cumsum(lengths)])
+        self.doc_starts = np.arange(len(self.docs) + 1, dtype=np.int64)
+
+    def batch(self, i: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        doc = self.docs[i]
+        return doc, np.array([0, len(doc)], dtype=np.int64), self.ids[i:i + 1]
+
+    def where(self, i: int) -> str:
+        return f"document {self.ids[i]!r}"
+
+
+class TarShardFile:
+    """One tar shard being written: its documents gathered, then encoded and written whole, atomically, by
+    `commit` (a tar stream has no record batches to write ahead)."""
+
+    def __init__(self, path: str, compression: str, zstd_level: int | None):
+        self.path, self.compression, self.zstd_level = path, compression, zstd_level
+        self._docs: list[np.ndarray] = []
+        self._ids: list[str] = []
+
+    def add(self, values: np.ndarray, offsets: np.ndarray, ids: Any) -> None:
+        self._docs += [values[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+        self._ids += ids.to_pylist()
+
+    def commit(self) -> tuple[int, str]:
+        data = encode_tar_shard(self._docs, self._ids, self.compression, self.zstd_level)
+        with atomic_open(self.path) as f:
+            f.write(data)
+        return len(data), hashlib.sha256(data).hexdigest()
+
+    def abort(self, remove: bool = True) -> None:
+        self._docs, self._ids = [], []  # nothing is on disk before `commit`
+
+
+class TarFormat:
+    """WebDataset tar shards as a `ShardFormat` (`shard_formats.py`): written and read whole, each document a
+    batch; the decoded copy of a `.tar.zst` is its plain tar stream."""
+
+    name = "tar"
+
+    def extension(self, compression: str) -> str:
+        return ".tar.zst" if compression == "zstd" else ".tar"
+
+    def batch_tokens(self) -> int:
+        return WHOLE_SHARD
+
+    def create(self, path: str, dtype: str, compression: str, zstd_level: int | None,
+               shard_size: int) -> TarShardFile:
+        return TarShardFile(path, compression, zstd_level)
+
+    def open(self, path: str, info: ShardInfo, dtype: np.dtype, name: str,
+             decoded_from: str | None = None) -> TarShard:
+        return TarShard(path, info, np.dtype(dtype), name)  # a decoded copy is parsed and counted like the shard
+
+    def decode(self, src: str, dst: str, info: ShardInfo, itemsize: int, name: str | None = None) -> int:
+        return decode_tar_stream(src, dst, info, itemsize, name=name)
+
+    def decoded_bound(self, info: ShardInfo) -> int:
+        return tar_size_bound(info, 4)
+
+    def decoded_estimate(self, info: ShardInfo, itemsize: int) -> int:
+        return tar_size_bound(info, itemsize)
+
+
+WHOLE_SHARD = 1 << 62  # a writer hands a tar shard's documents over when the shard is complete, never sooner
+TAR = TarFormat()

@@ -8,18 +8,15 @@ timing, so the same documents always give the same bytes.
 from __future__ import annotations
 
 import array
-import hashlib
 import os
 from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 
-from dataflow.errors import ConfigError
-from dataflow.formats import arrow
-from dataflow.formats.atomic import atomic_open
-from dataflow.errors import FormatError
+from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import COMPRESSIONS, FORMATS, Manifest, ShardInfo, TokenizerMeta, write_manifest
+from dataflow.formats.shard_formats import ShardSink, shard_format
 from dataflow.units import parse_size  # noqa: F401  (callers import it from here too)
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
@@ -53,9 +50,8 @@ def check_shard_size(shard_size: int | str, name: str = "shard_size") -> int:
 
 
 def shard_extension(format: str, compression: str) -> str:
-    if format == "arrow":
-        return ".arrow"
-    return ".tar.zst" if compression == "zstd" else ".tar"
+    """The end of a shard's file name in this format and compression (".arrow", ".tar.zst")."""
+    return shard_format(format).extension(compression)
 
 
 def _string_array(offsets: np.ndarray, data: bytes) -> pa.Array:
@@ -175,8 +171,9 @@ class ShardWriter:
     >>> with ShardWriter("out", tokenizer_meta=meta) as w:
     ...     w.write([72, 105, 256], id="doc-0")
 
-    Arrow shards are written a record batch at a time (`ArrowShardFile`): the writer holds the documents
-    of one record batch, and each batch is compressed as soon as it is full. Tar shards are encoded whole.
+    Documents go to the shard's format (`ShardFormat.create`) a record batch at a time: the writer holds the
+    documents of one record batch (`batch_tokens()` of them), and an Arrow shard compresses each batch as soon
+    as it is full. A tar shard is one batch: its documents are encoded whole when it is complete.
     The manifest is written when the context exits cleanly (or on `close()`); after an exception
     the finished shards stay on disk but no manifest claims them.
     """
@@ -191,6 +188,7 @@ class ShardWriter:
         self.dtype = np.dtype(tokenizer_meta.dtype)
         self._max_id = int(np.iinfo(self.dtype).max)  # an array already of `dtype` is in range by construction
         self.format = format
+        self._format = shard_format(format)
         self.compression = compression
         self.shard_size = check_shard_size(shard_size)
         self.zstd_level = zstd_level
@@ -198,8 +196,8 @@ class ShardWriter:
         self.prefix = prefix
         self.next_index = first_index
         self.shards: list[ShardInfo] = []
-        self._pending = _ShardBuffer(self.dtype)  # arrow: the record batch being filled; tar: the whole shard
-        self._file: arrow.ArrowShardFile | None = None  # the Arrow shard being written
+        self._pending = _ShardBuffer(self.dtype)  # the record batch being filled (tar: the whole shard)
+        self._file: ShardSink | None = None  # the shard being written
         self._shard_docs = self._shard_tokens = 0  # documents and tokens of the open shard, written or pending
         self._written_docs = 0
         self._closed = False
@@ -216,7 +214,7 @@ class ShardWriter:
         self._added(1, arr.size)
         if self._shard_tokens * self.dtype.itemsize >= self.shard_size:
             return self.flush()
-        if self.format == "arrow" and self._pending.ntokens >= arrow.RECORD_BATCH_TOKENS:
+        if self._pending.ntokens >= self._format.batch_tokens():
             self._write_pending()
         return None
 
@@ -239,19 +237,18 @@ class ShardWriter:
         lengths = np.diff(offsets)
         done, i = [], 0
         while i < len(lengths):
-            end = i + self.fill_count(lengths[i:])
-            if self.format == "arrow":  # or sooner, where a record batch fills up
-                cum = np.cumsum(lengths[i:end], dtype=np.int64)
-                k = int(np.searchsorted(cum, arrow.RECORD_BATCH_TOKENS - self._pending.ntokens, side="left"))
-                end = min(end, i + k + 1)
+            end = i + self.fill_count(lengths[i:])  # or sooner, where a record batch fills up
+            cum = np.cumsum(lengths[i:end], dtype=np.int64)
+            k = int(np.searchsorted(cum, self._format.batch_tokens() - self._pending.ntokens, side="left"))
+            end = min(end, i + k + 1)
             part = values[offsets[i]:offsets[end]]
-            if self.format == "arrow" and not len(self._pending) and self._pending_would_fill(lengths[i:end]):
+            if not len(self._pending) and self._pending_would_fill(lengths[i:end]):
                 # a copy: the batch is compressed on the writer's thread, after the caller may reuse its array
                 self._open_file().add(np.array(part, dtype=self.dtype), offsets[i:end + 1] - offsets[i],
                                       ids.slice(i, end).arrow())
             else:  # pending: copied into the buffer until its record batch (or tar shard) is complete
                 self._pending.add_many(part, lengths[i:end], ids.slice(i, end))
-                if self.format == "arrow" and self._pending.ntokens >= arrow.RECORD_BATCH_TOKENS:
+                if self._pending.ntokens >= self._format.batch_tokens():
                     self._write_pending()
             self._added(end - i, int(offsets[end] - offsets[i]))
             if self._shard_tokens * self.dtype.itemsize >= self.shard_size:
@@ -261,22 +258,21 @@ class ShardWriter:
 
     def _pending_would_fill(self, lengths: np.ndarray) -> bool:
         """Whether these documents complete a record batch by themselves (then they skip the buffer)."""
-        return int(lengths.sum()) >= arrow.RECORD_BATCH_TOKENS
+        return int(lengths.sum()) >= self._format.batch_tokens()
 
     def _added(self, docs: int, tokens: int) -> None:
         self._written_docs += docs
         self._shard_docs += docs
         self._shard_tokens += tokens
 
-    def _open_file(self) -> arrow.ArrowShardFile:
+    def _open_file(self) -> ShardSink:
         if self._file is None:
-            most = self.shard_size // (self.dtype.itemsize * arrow.RECORD_BATCH_TOKENS) + 2  # record batches
-            self._file = arrow.ArrowShardFile(os.path.join(self.out, self._next_name()), self.dtype.name,
-                                              self.compression, self.zstd_level, most)
+            self._file = self._format.create(os.path.join(self.out, self._next_name()), self.dtype.name,
+                                             self.compression, self.zstd_level, self.shard_size)
         return self._file
 
     def _write_pending(self) -> None:
-        """The buffered documents as the next record batch of the open Arrow shard."""
+        """The buffered documents as the next record batch of the open shard."""
         self._open_file().add(self._pending.values(), self._pending.offsets(), self._pending.id_array())
         self._new_pending()
 
@@ -291,21 +287,10 @@ class ShardWriter:
         if not self._shard_docs:
             return None
         name = self._next_name()
-        if self.format == "arrow":
-            if len(self._pending):
-                self._write_pending()
-            size, sha256 = self._file.commit()
-            self._file = None
-        else:
-            from dataflow.formats.tar import encode_tar_shard
-
-            values, offsets = self._pending.values(), self._pending.offsets()
-            docs = [values[offsets[i]:offsets[i + 1]] for i in range(len(self._pending))]
-            data = encode_tar_shard(docs, self._pending.id_array().to_pylist(), self.compression, self.zstd_level)
-            with atomic_open(os.path.join(self.out, name)) as f:
-                f.write(data)
-            size, sha256 = len(data), hashlib.sha256(data).hexdigest()
-            self._new_pending()
+        if len(self._pending):
+            self._write_pending()
+        size, sha256 = self._file.commit()
+        self._file = None
         info = ShardInfo(path=name, documents=self._shard_docs, tokens=self._shard_tokens, bytes=size, sha256=sha256)
         self.shards.append(info)
         self.next_index += 1

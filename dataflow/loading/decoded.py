@@ -19,16 +19,16 @@ from typing import Any, Callable
 
 from dataflow.debug import cause
 from dataflow.errors import FormatError
-from dataflow.formats.arrow import RECORD_BATCH_TOKENS, decode_arrow_shard
 from dataflow.formats.hashing import sha256_local
+from dataflow.formats.manifest import FORMATS as SHARD_FORMATS
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import chain
-from dataflow.formats.tar import decode_tar_stream, tar_size_bound
+from dataflow.formats.shard_formats import shard_format
 from dataflow.loading import cache
 from dataflow.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
-FORMATS = ("arrow", "tar")  # zstd shards of these formats are decoded once per machine
+FORMATS = SHARD_FORMATS  # zstd shards of every shard format are decoded once per machine
 
 
 def suffix(fmt: str) -> str:
@@ -37,17 +37,13 @@ def suffix(fmt: str) -> str:
 
 def size_bound(shard: ShardInfo, fmt: str) -> int:
     """At most the bytes a decoded copy takes (uint32 tokens; offsets, ids and headers besides)."""
-    return tar_size_bound(shard, 4) if fmt == "tar" else 2 * shard.tokens * 4 + shard.documents * 64 + (1 << 20)
+    return shard_format(fmt).decoded_bound(shard)
 
 
 def size_estimate(shard: ShardInfo, fmt: str, itemsize: int) -> int:
     """About the bytes a decoded copy takes, from the manifest's counts: what the cache's limit counts for it
-    before it exists (tokens; per document its offsets and an id of up to ~48 bytes; per record batch its
-    metadata; the file's schema and footer). Measured: 29-34 bytes a document beyond the tokens for ids of ~20
-    characters, and ~1.5 KB a file."""
-    if fmt == "tar":
-        return tar_size_bound(shard, itemsize)
-    return itemsize * shard.tokens + 56 * shard.documents + 1024 * (shard.tokens // RECORD_BATCH_TOKENS + 1) + 8192
+    before it exists (`ShardFormat.decoded_estimate`)."""
+    return shard_format(fmt).decoded_estimate(shard, itemsize)
 
 
 def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Callable[[], str],
@@ -74,10 +70,7 @@ def decode_into(path: str, shard: ShardInfo, fmt: str, itemsize: int, source: Ca
                 raise FormatError(f"{src}: its sha256 does not match the manifest; the shard is damaged or was "
                                   "replaced: run `dataflow verify` on the dataset")
             try:
-                if fmt == "tar":
-                    decode_tar_stream(src, tmp, shard, itemsize, name=name)
-                else:
-                    decode_arrow_shard(src, tmp, shard.sha256, name=name)
+                shard_format(fmt).decode(src, tmp, shard, itemsize, name=name)
             except FormatError as e:  # the reader reports a failed write as a damaged shard
                 full = _disk_full(e)
                 if full is not None:

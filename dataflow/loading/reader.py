@@ -59,7 +59,7 @@ class ShardReader:
             self._decoded[src] = decoded  # None from now on if the cache became unwritable
             waited = time.perf_counter() - t_decode if decoded else 0.0
             shard = self._open[k] = OpenShard(path, m.format, info, m.tokenizer.vocab_size, m.dtype,
-                                              decoded_from=info.sha256 if decoded and m.format == "arrow" else None,
+                                              decoded_from=info.sha256 if decoded else None,
                                               name=storage.url(info))
             if times is not None:
                 times.decode += waited

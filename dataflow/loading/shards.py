@@ -1,9 +1,9 @@
 """Token access inside shards for the loader: runs of tokens and documents, a record batch at a time.
 
-Arrow shards are opened from the footer alone; a record batch is decompressed (zstd) or mapped
-(uncompressed) on first use and kept until the loader moves past its shuffle window. Tar shards have
-no random access, so a tar shard is parsed once, whole (memory-mapped when plain, decompressed when
-`.tar.zst`), and each of its documents is a batch.
+A shard is opened and checked by its format (`formats.shard_formats.CheckedShard`): an Arrow shard from its
+footer alone, a record batch decompressed (zstd) or mapped (uncompressed) on first use and kept until the
+loader moves past its shuffle window; a tar shard, which has no random access, parsed once, whole
+(memory-mapped when plain, decompressed when `.tar.zst`), each of its documents a batch.
 """
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dataflow.errors import FormatError
-from dataflow.formats.arrow import SOURCE_KEY, ArrowShard
 from dataflow.formats.manifest import ShardInfo
-from dataflow.formats.reader import check_tokens
-from dataflow.formats.tar import parse_tar_shard, read_tar_stream
+from dataflow.formats.shard_formats import CheckedShard
 
 
 @dataclass
@@ -35,41 +32,21 @@ class OpenShard:
     too. Every record batch is checked as it is loaded: its token type must be the manifest's, and every
     id below the vocabulary, so a damaged shard stops the loader with the shard's name (`name`, never the
     cache's decoded copy) instead of feeding the model ids it cannot embed. A compressed tar shard is
-    decompressed no further than its manifest entry allows.
+    decompressed no further than its manifest entry allows. `decoded_from`: the sha256 of the shard a
+    decoded copy must say it came from (an Arrow copy records it).
     """
 
     def __init__(self, path: str, fmt: str, info: ShardInfo, vocab_size: int, dtype: str,
                  decoded_from: str | None = None, name: str | None = None):
-        self.path, self.name = path, name or path  # the file read; the shard as the user knows it
-        self.vocab_size, self.dtype = vocab_size, np.dtype(dtype)
+        self._shard = CheckedShard(path, fmt, info, dtype, vocab_size, name, decoded_from)
+        self.path, self.name = path, self._shard.name  # the file read; the shard as the user knows it
+        self.token_starts, self.doc_starts = self._shard.token_starts, self._shard.doc_starts
         self.batches: dict[int, Batch] = {}
-        if fmt == "arrow":
-            self._arrow: ArrowShard | None = ArrowShard(path, self.name)
-            if decoded_from is not None and self._arrow.metadata(SOURCE_KEY) != decoded_from:
-                raise FormatError(f"{path}: this decoded copy is not of the shard the manifest names ({self.name}, "
-                                  f"sha256 {decoded_from[:12]}...); delete it and it is decoded again")
-            info.check_holds(self.name, self._arrow.num_documents, self._arrow.num_tokens)
-            self.token_starts = self._arrow.token_starts
-            self.doc_starts = self._arrow.doc_starts
-        else:  # each document is a batch: views into the (memory-mapped, when plain) tar stream
-            self._arrow = None
-            data = read_tar_stream(path, info, self.dtype.itemsize, self.name)
-            self._ids, self._docs = parse_tar_shard(data, self.name, info, self.dtype)
-            lengths = np.array([len(d) for d in self._docs], dtype=np.int64)
-            self.token_starts = np.concatenate([[0], np.cumsum(lengths)])
-            self.doc_starts = np.arange(len(self._docs) + 1, dtype=np.int64)
 
     def batch(self, i: int) -> Batch:
         b = self.batches.get(i)
         if b is None:
-            if self._arrow is not None:
-                b, where = Batch(*self._arrow.batch(i)), f"record batch {i}"
-            else:
-                doc = self._docs[i]
-                b, where = Batch(doc, np.array([0, len(doc)], dtype=np.int64), self._ids[i:i + 1]), \
-                    f"document {self._ids[i]!r}"
-            check_tokens(self.name, where, b.tokens, self.dtype, self.vocab_size)
-            self.batches[i] = b
+            b = self.batches[i] = Batch(*self._shard.batch(i))
         return b
 
     def token_run(self, start: int, length: int) -> np.ndarray:
