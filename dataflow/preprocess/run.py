@@ -77,9 +77,11 @@ def tokenize(config: TokenizeConfig) -> Summary:
     layout.check_reachable()
     try:
         with _one_run_at_a_time(cfg, layout):
-            if cfg.overwrite:
+            tok = None
+            if cfg.overwrite:  # a run refused by its checks removes nothing: they pass before the earlier dataset goes
+                tok = _check_before_replacing(open_run(cfg, layout, files, started))
                 ownership.replace_earlier(layout)
-            return _tokenize(open_run(cfg, layout, files, started))
+            return _tokenize(open_run(cfg, layout, files, started), tok)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DataflowError(f"{cfg.out}: disk full while writing ({e.strerror}); free space, then rerun the "
@@ -146,7 +148,17 @@ def _exclusive_lock(path: str) -> Iterator[bool]:
         locks.unlock(fd)
 
 
-def _tokenize(run: Run) -> Summary:
+def _check_before_replacing(run: Run) -> Tokenizer:
+    """--overwrite: the checks that refuse a run before its first write (the tokenizer loads and is proven, the
+    input has the fields, no task slices lie in the way), made before the earlier dataset is removed; the
+    tokenizer, which the run then uses. Its settings need not match the dataset it replaces."""
+    startup.refuse_task_parts(run)
+    startup.check_fields(run)
+    return startup.proven_tokenizer(run.cfg)
+
+
+def _tokenize(run: Run, tok: Tokenizer | None = None) -> Summary:
+    """The run, with the tokenizer when it is loaded already (--overwrite checked it first)."""
     cfg, layout, plan, journaled = run.cfg, run.layout, run.plan, run.journaled
     # finished: a manifest and no work left behind (a run killed while closing its splits has written some)
     done = layout.finished_manifest() if journaled is None and not os.path.isdir(layout.work) else None
@@ -174,7 +186,7 @@ def _tokenize(run: Run) -> Summary:
 
         try:
             # a compressed input starts decompressing now, while the tokenizer loads (readers/cut_process.py)
-            tok, spec = _start_workers(run, executor, work(), work, scratch)
+            tok, spec = _start_workers(run, executor, work(), work, scratch, tok)
         except BaseException:  # a check failed (or Ctrl-C): nothing was committed, and nothing stays
             executor.stop(now=True)
             shutil.rmtree(scratch, ignore_errors=True)
@@ -196,7 +208,7 @@ def _tokenize(run: Run) -> Summary:
 
 
 def _start_workers(run: Run, executor: Executor, reading: Reading, work: Callable[[], Reading],
-                   scratch: str) -> tuple[Tokenizer, UnitSpec]:
+                   scratch: str, tok: Tokenizer | None = None) -> tuple[Tokenizer, UnitSpec]:
     """Load and prove the tokenizer, set the workers on the bundles of `reading` (forked ones inherit the
     tokenizer loaded here and rely on its checks), then check it on the input meanwhile. Should the check
     change what the workers were given (settle on `tokenizers` instead of the engine, or correct the vocabulary
@@ -214,7 +226,7 @@ def _start_workers(run: Run, executor: Executor, reading: Reading, work: Callabl
         executor.submit(bundles, spec, scratch)
         return spec
 
-    tok = startup.proven_tokenizer(run.cfg)
+    tok = tok or startup.proven_tokenizer(run.cfg)
     spec = launch(tok, reading)
     tok = startup.check_on_input(run.cfg, tok, run.plan.units)
     if spec_for(tok) != spec:  # settled on `tokenizers`, or the metadata remembered on this machine was wrong

@@ -99,7 +99,7 @@ def _inputs_changed(before: list[Any], now: list[list[Any]]) -> str:
 def refuse_other_work(run: Run) -> None:
     """Refuse to continue an interrupted run, or to write beside a finished one (with or without a val split),
     of other settings or inputs."""
-    cfg, layout, journaled = run.cfg, run.layout, run.journaled
+    layout, journaled = run.layout, run.journaled
     if journaled is not None:
         refuse_if_different(run, journaled.settings, load_inputs(layout.work), resuming=journaled)
         return
@@ -107,11 +107,17 @@ def refuse_other_work(run: Run) -> None:
         if layout.exists(manifest):
             provenance = read_manifest(manifest).provenance
             refuse_if_different(run, provenance.get("settings"), provenance.get("input_files"))
-    parts = layout.task_parts() if not layout.tasked else []
-    if parts:  # a later `merge` would list those parts in the index.json this run writes, over it
-        raise ConfigError(f"{cfg.out} holds the task slices of a --num-tasks run ({', '.join(parts[:2])}"
-                          f"{', ...' if len(parts) > 2 else ''}); run `dataflow merge {cfg.out}` on them, or write "
-                          f"this run elsewhere")
+    refuse_task_parts(run)
+
+
+def refuse_task_parts(run: Run) -> None:
+    """Refuse a single run into a folder that holds task slices: a later `merge` would list those parts in the
+    index.json this run writes, over it."""
+    parts = run.layout.task_parts() if not run.layout.tasked else []
+    if parts:
+        raise ConfigError(f"{run.cfg.out} holds the task slices of a --num-tasks run ({', '.join(parts[:2])}"
+                          f"{', ...' if len(parts) > 2 else ''}); run `dataflow merge {run.cfg.out}` on them, or "
+                          f"write this run elsewhere")
 
 
 def check_fields(run: Run) -> None:
