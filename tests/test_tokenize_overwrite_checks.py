@@ -54,3 +54,16 @@ def test_an_overwrite_that_passes_its_checks_replaces_the_dataset(dataset, kjv, 
     p = run("tokenize", kjv, "-o", dataset, "--overwrite")  # no val split now: val/ goes
     assert p.returncode == 0, p.stderr
     assert not (dataset / "val").exists() and run("verify", dataset).returncode == 0
+
+
+def test_task_slices_merged_over_a_single_run_replace_its_shards(kjv, tmp_path):
+    """The merge of task slices written with --overwrite over a single run's dataset removes the shards that
+    dataset listed (once its own index.json is in place): before, they stayed, listed by nothing, and a later
+    --overwrite refused them as files no dataflow run wrote."""
+    out = tmp_path / "o"
+    assert run("tokenize", kjv, "-o", out).returncode == 0
+    for task in (0, 1):
+        p = run("tokenize", kjv, "-o", out, "--overwrite", "--num-tasks", "2", "--task-index", task)
+        assert p.returncode == 0, p.stderr
+    assert subprocess.run([*DATAFLOW, "merge", str(out)], capture_output=True).returncode == 0
+    assert not [f for f in files(out) if f.startswith("shard-")] and run("verify", out).returncode == 0

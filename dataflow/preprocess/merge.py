@@ -26,6 +26,7 @@ from dataflow.formats import remote
 from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest, write_manifest
 from dataflow.formats.remote_errors import explain, first_line
 from dataflow.preprocess import output
+from dataflow.preprocess.ownership import manifest_files
 
 PART = re.compile(r"part-(\d{5})")
 
@@ -57,12 +58,15 @@ def _merge_split(fs: Any, root: str, url: str) -> Manifest:
     provenance["parts"] = [part for part, _ in manifests]
     manifest = Manifest(tokenizer=first.tokenizer, format=first.format, compression=first.compression,
                         dtype=first.dtype, shards=shards, provenance=provenance)
+    earlier = _call(url, lambda: manifest_files(url)) or set()  # a single run's dataset that this one replaces
     if first.tokenizer.file:  # beside the manifest, where readers look for it; never a shard's bytes
         _copy_tokenizer(fs, root, url, first_part, first.tokenizer.file)
     if remote.is_remote(url):
         _call(url, lambda: output.write_remote_manifest(url, manifest))  # the commit point: one PUT
     else:
         write_manifest(url, manifest)
+    for name in sorted(earlier - {MANIFEST_NAME, first.tokenizer.file}):  # its shards, listed by no manifest now
+        _call(url, lambda name=name: output.remove(output.join(url, name)))
     return manifest
 
 

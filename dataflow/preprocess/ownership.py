@@ -110,7 +110,7 @@ def owned(layout: Layout, journaled: Progress | None) -> Owned:
     claims list: the files `--overwrite` may remove."""
     mine = Owned()
     for folder in layout.writer_dirs_either_layout():
-        listed = _manifest_files(folder)
+        listed = manifest_files(folder)
         if listed is not None:
             mine.add(folder, listed)
             mine.add(layout.errors_folder, [layout.errors_name])
@@ -237,10 +237,10 @@ def forget_fresh_start(layout: Layout) -> None:
 
 
 def manifest_of_ours(folder: str) -> bool:
-    return _manifest_files(folder) is not None
+    return manifest_files(folder) is not None
 
 
-def _manifest_files(folder: str) -> set[str] | None:
+def manifest_files(folder: str) -> set[str] | None:
     """The files a manifest of ours in `folder` lists (itself, its shards directly in the folder, the
     tokenizer's copy); None when there is no manifest, or `index.json` there is not one of ours."""
     path = output.join(folder, MANIFEST_NAME)
