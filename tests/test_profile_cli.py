@@ -64,6 +64,9 @@ def test_user_mistakes_are_one_line_errors(ds, tmp_path, capsys, monkeypatch):
     assert main([str(tmp_path / "nothing"), "--batch-size", "2", "--seq-len", "8", "--step-ms", "1"]) in (1, 2)
     assert capsys.readouterr().err.count("\n") == 1
     assert main([ds, "--batch-size", "2", "--seq-len", "8", "--step-ms", "1", "--sweep", "threads=1"]) == 2
+    for bad in ("nan", "inf", "-5"):  # nan and inf were a traceback (time.sleep's)
+        assert main([ds, "--batch-size", "2", "--seq-len", "8", "--step-ms", bad]) == 2
+        assert "--step-ms must be a number of milliseconds >= 0" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main([ds, "--batch-size", "2", "--seq-len", "8", "--step-ms", "1", "--plot", str(tmp_path / "x.png")]) == 2
     assert "pip install" in capsys.readouterr().err

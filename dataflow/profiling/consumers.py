@@ -7,6 +7,7 @@ measured against the compute it will really have to keep up with.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -29,8 +30,8 @@ def idle() -> Consumer:
 
 def sleeper(step_ms: float) -> Consumer:
     """A consumer busy `step_ms` per step (a sleep: it holds no CPU, like a step waiting on its GPU)."""
-    if step_ms < 0:
-        raise ConfigError(f"--step-ms must be >= 0, got {step_ms:g}")
+    if not (math.isfinite(step_ms) and step_ms >= 0):  # nan and inf pass a `< 0` check
+        raise ConfigError(f"--step-ms must be a number of milliseconds >= 0, got {step_ms:g}")
     seconds = step_ms / 1e3
     return Consumer(lambda batch: time.sleep(seconds) if seconds else None, f"{step_ms:g} ms sleep per step",
                     step_ms)
