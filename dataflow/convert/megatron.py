@@ -17,13 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 
 from dataflow.errors import ConfigError, FormatError
+from dataflow.formats.atomic import temp_beside
 
 HEADER = b"MMIDIDX\x00\x00"
 HEADER_BYTES = len(HEADER) + 8 + 1 + 8 + 8
@@ -173,16 +173,24 @@ class MegatronWriter:
         folder = os.path.dirname(os.path.abspath(prefix))
         os.makedirs(folder, exist_ok=True)
         self._temps: list[str] = []
-        self._bin = self._temp(folder)
-        self._idx = self._temp(folder)
+        self._held: list[int] = []  # their flocks: a rerun removes only the temps of a writer that died
+        self._bin = self._temp()
+        self._idx = self._temp()
         self._idx.write(HEADER + struct.pack("<QBQQ", 1, CODES[self.dtype], documents, documents + 1))
         self._written = 0  # documents
         self._bin_bytes = 0
 
-    def _temp(self, folder: str):
-        fd, path = tempfile.mkstemp(prefix="." + os.path.basename(self.prefix) + ".", suffix=".tmp", dir=folder)
+    def _temp(self):
+        path, held = temp_beside(self.prefix)
         self._temps.append(path)
-        return os.fdopen(fd, "w+b")
+        self._held.append(held)
+        return os.fdopen(os.dup(held), "w+b")
+
+    def _let_go(self) -> None:
+        self._temps.clear()
+        for fd in self._held:
+            os.close(fd)
+        self._held.clear()
 
     def add(self, tokens: np.ndarray, offsets: np.ndarray, ids: list[str]) -> None:
         """Documents `tokens[offsets[i]:offsets[i+1]]`, ids `ids` (for messages)."""
@@ -220,7 +228,7 @@ class MegatronWriter:
             os.remove(idx_path)  # an old index never describes the new .bin
         os.replace(self._temps[0], bin_path)
         os.replace(self._temps[1], idx_path)
-        self._temps.clear()
+        self._let_go()
 
     def abort(self) -> None:
         """Remove the temp files; the targets are untouched."""
@@ -229,4 +237,4 @@ class MegatronWriter:
         for path in self._temps:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
-        self._temps.clear()
+        self._let_go()

@@ -16,12 +16,12 @@ import errno
 import os
 import shutil
 import stat
-import tempfile
 from typing import Iterator
 
 from dataflow.convert import upload
 from dataflow.errors import ConfigError, DataflowError
 from dataflow.formats import remote
+from dataflow.formats.atomic import remove_abandoned, temp_beside
 from dataflow.formats.manifest import MANIFEST_NAME
 
 KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
@@ -94,7 +94,8 @@ def dataset_output(out: str, overwrite: bool) -> Iterator[str]:
                           f"files: pass a new or empty folder")
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(os.path.abspath(out)) + ".", suffix=".tmp", dir=parent)
+    remove_abandoned(parent, "." + os.path.basename(os.path.abspath(out)) + ".", ".old")  # a killed swap's
+    tmp, held = temp_beside(out, folder=True)  # (and a killed run's temp is removed)
     try:
         yield tmp
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700; a dataset is meant to be shared
@@ -102,13 +103,15 @@ def dataset_output(out: str, overwrite: bool) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(held)
 
 
 def _replace(tmp: str, out: str, parent: str) -> None:
     """Rename the folder `tmp` over `out` (an old dataset, an empty folder, a file, or nothing)."""
-    old = None
+    old, held = None, None
     if os.path.isdir(out) and os.listdir(out):
-        old = tempfile.mkdtemp(prefix="." + os.path.basename(os.path.abspath(out)) + ".", suffix=".old", dir=parent)
+        old, held = temp_beside(out, suffix=".old", folder=True)  # (a run killed here left one: it goes)
         os.replace(out, os.path.join(old, "dataset"))
     elif os.path.isdir(out):
         os.rmdir(out)  # empty
@@ -117,6 +120,8 @@ def _replace(tmp: str, out: str, parent: str) -> None:
     os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    if held is not None:
+        os.close(held)
 
 
 def write_error(e: OSError, out: str) -> DataflowError | None:

@@ -3,20 +3,60 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import json
 import os
+import shutil
 import tempfile
 from typing import IO, Any, Iterator
+
+
+def temp_beside(path: str, suffix: str = ".tmp", folder: bool = False) -> tuple[str, int]:
+    """A new temp file (or folder) beside `path`, `.NAME.<random><suffix>`, and an fd that holds an flock on it
+    while it is written (close the fd once it is renamed into place or removed). First, temps of `path` that a
+    writer left when it died (killed: nothing removed them, and no one holds their lock) are removed: a rerun
+    leaves no hidden copy of a 100 GB output behind."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    prefix = "." + os.path.basename(os.path.abspath(path)) + "."
+    remove_abandoned(directory, prefix, suffix)
+    if folder:
+        tmp = tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=directory)
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return tmp, fd
+
+
+def remove_abandoned(directory: str, prefix: str, suffix: str) -> None:
+    """Delete `directory/PREFIX*SUFFIX` temps (files or folders) whose writer is gone: their flock is free."""
+    for tmp in glob.glob(os.path.join(glob.escape(directory), glob.escape(prefix) + "*" + glob.escape(suffix))):
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its writer is at work
+        else:
+            if os.path.isdir(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
 def atomic_open(path: str, mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temp file beside `path` (text modes in UTF-8); on clean exit fsync it and rename it over `path`."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    tmp, held = temp_beside(path)
     try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
+        with os.fdopen(os.dup(held), mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -26,6 +66,8 @@ def atomic_open(path: str, mode: str = "wb") -> Iterator[IO[Any]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(held)
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
