@@ -203,3 +203,23 @@ def test_a_manifest_whose_shard_path_leaves_the_dataset_in_any_encoding_is_refus
     (tmp_path / "index.json").write_text(json.dumps(index))
     with pytest.raises(FormatError, match="must be relative and stay inside the dataset, but leaves it"):
         read_manifest(str(tmp_path))
+
+
+def test_writer_refuses_ids_past_the_vocabulary_and_non_integers(tmp_path):
+    """An id at or past vocab_size (even in an array of the shard's own dtype) or a float is refused where it is
+    written, in one line: it was stored, and every reader then called the shard damaged (a float cut to an int)."""
+    from dataflow.errors import ConfigError
+
+    llama = TokenizerMeta(kind="hf", name="llama3", vocab_size=128256, eos_id=128001)
+    for meta, doc in ((BYTES, np.array([1, 257], dtype=np.uint16)), (BYTES, [1, 300, 2]),
+                      (llama, np.array([128256], dtype=np.uint32)), (BYTES, [1, 2.9])):
+        with pytest.raises(ConfigError) as e:
+            with ShardWriter(str(tmp_path / "w"), tokenizer_meta=meta) as w:
+                w.write(doc, id="x")
+        assert "\n" not in str(e.value) and "'x'" in str(e.value) and not (tmp_path / "w" / "index.json").exists()
+        with pytest.raises(ConfigError, match="write_batch: token ids"):
+            with ShardWriter(str(tmp_path / "b"), tokenizer_meta=meta) as w:
+                w.write_batch(np.asarray(doc), np.array([0, len(doc)]), ["x"])
+    with ShardWriter(str(tmp_path / "ok"), tokenizer_meta=BYTES) as w:  # the last id of the vocabulary is one
+        w.write(np.array([0, 256], dtype=np.uint16))
+        w.write([])

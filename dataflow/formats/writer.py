@@ -186,7 +186,7 @@ class ShardWriter:
         self.out = out
         self.meta = tokenizer_meta
         self.dtype = np.dtype(tokenizer_meta.dtype)
-        self._max_id = int(np.iinfo(self.dtype).max)  # an array already of `dtype` is in range by construction
+        self._vocab_size = int(tokenizer_meta.vocab_size)  # every id below it, refused here and not at read time
         self.format = format
         self._format = shard_format(format)
         self.compression = compression
@@ -208,8 +208,7 @@ class ShardWriter:
         arr = np.asarray(tokens)
         if arr.ndim != 1:
             raise ConfigError(f"document {id!r}: tokens must be one-dimensional, got shape {arr.shape}")
-        if arr.dtype != self.dtype and arr.size and (arr.min() < 0 or arr.max() > self._max_id):
-            raise ConfigError(f"document {id!r}: token ids must lie in [0, {self._max_id}]")
+        self._check_ids(arr, f"document {self._written_docs if id is None else id!r}")
         self._pending.add(arr, str(self._written_docs) if id is None else str(id))
         self._added(1, arr.size)
         if self._shard_tokens * self.dtype.itemsize >= self.shard_size:
@@ -217,6 +216,21 @@ class ShardWriter:
         if self._pending.ntokens >= self._format.batch_tokens():
             self._write_pending()
         return None
+
+    def _check_ids(self, arr: np.ndarray, what: str) -> None:
+        """Refuse ids that are not integers in [0, vocab_size): they would be stored (a float cut to an integer,
+        an id past the vocabulary) and every reader would then call the shard damaged."""
+        if not arr.size:
+            return
+        if arr.dtype.kind not in "iu":
+            raise ConfigError(f"{what}: token ids must be integers, got an array of {arr.dtype}; pass the ids the "
+                              f"tokenizer gave (e.g. numpy uint16/uint32 or a list of int)")
+        low, high = int(arr.min()), int(arr.max())
+        if low < 0 or high >= self._vocab_size:
+            bad = low if low < 0 else high
+            raise ConfigError(f"{what}: token ids must lie in [0, {self._vocab_size}) (the vocabulary of "
+                              f"tokenizer_meta {self.meta.name!r}), got {bad}; pass the metadata of the tokenizer "
+                              f"that made the ids")
 
     def fill_count(self, lengths: np.ndarray) -> int:
         """How many of these documents (token counts, in order) go into the open shard: up to and
@@ -232,8 +246,7 @@ class ShardWriter:
         offsets = np.asarray(offsets, dtype=np.int64)
         if len(offsets) != len(ids) + 1:
             raise ConfigError(f"{len(ids)} ids for {len(offsets) - 1} documents")
-        if values.dtype != self.dtype and values.size and (values.min() < 0 or values.max() > self._max_id):
-            raise ConfigError(f"token ids must lie in [0, {self._max_id}]")
+        self._check_ids(values, "write_batch")
         lengths = np.diff(offsets)
         done, i = [], 0
         while i < len(lengths):
