@@ -42,6 +42,20 @@ def test_an_input_without_a_document_is_one_line_not_an_empty_dataset(tmp_path, 
         assert "_errors.jsonl" in p.stderr and (tmp_path / "out" / "_errors.jsonl").read_text().count("\n") >= 1
 
 
+def test_a_parquet_input_without_a_document_gets_no_jsonl_advice(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": pa.array([1, 2], pa.int64())}), tmp_path / "int.parquet")
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "empty.parquet")
+    for name, said in (("int.parquet", "all 2 records were bad"), ("empty.parquet", "holds no record")):
+        p = tokenize(tmp_path / name, "-o", tmp_path / f"out-{name}")
+        assert p.returncode == 1 and said in p.stderr and "JSON" not in p.stderr, p.stderr
+    (tmp_path / "array.jsonl").write_bytes(b"[1]\n")  # a JSONL input keeps its advice
+    p = tokenize(tmp_path / "array.jsonl", "-o", tmp_path / "out-jsonl")
+    assert p.returncode == 1 and "JSONL wants one JSON object a line" in p.stderr
+
+
 def test_the_tokenizer_is_its_content_not_its_path(tmp_path, kjv):
     from conftest import GPT2_JSON
 

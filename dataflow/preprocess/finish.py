@@ -20,6 +20,7 @@ from dataflow.preprocess import output
 from dataflow.preprocess.config import framed_meta
 from dataflow.preprocess.journal import Progress
 from dataflow.preprocess.layout import Layout
+from dataflow.sources import input_kind
 from dataflow.tokenizers.load import Tokenizer
 from dataflow.version import __version__
 
@@ -73,15 +74,16 @@ def refuse_empty(run: Run, progress: Progress) -> None:
         return
     layout, files = run.layout, run.files
     what = files[0] if len(files) == 1 else f"the {len(files)} input files"
+    jsonl = bool(files) and all(input_kind(f) == "jsonl" for f in files)  # the hint is JSONL's only
     if progress.errors == 0:  # nothing to show: the run leaves nothing behind
         shutil.rmtree(layout.work)
         os.remove(layout.errors)
         raise InputError(f"{what}: no document read (the input holds no record); check the path and the input "
-                         f"format (JSONL: one JSON object a line)")
+                         f"format{' (JSONL: one JSON object a line)' if jsonl else ''}")
     log = layout.errors
     raise InputError(f"{what}: no document read: all {progress.errors} records were bad, each listed with its "
-                     f"reason in {log} (JSONL wants one JSON object a line, not one JSON array); fix the input, "
-                     f"then rerun with --overwrite")
+                     f"reason in {log}{' (JSONL wants one JSON object a line, not one JSON array)' if jsonl else ''}"
+                     f"; fix the input, then rerun with --overwrite")
 
 
 def finished_counts(layout: Layout) -> tuple[dict[str, dict[str, int]], int, int, int]:
