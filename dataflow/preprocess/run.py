@@ -79,7 +79,7 @@ def tokenize(config: TokenizeConfig) -> Summary:
         with _one_run_at_a_time(cfg, layout):
             tok = None
             if cfg.overwrite:  # a run refused by its checks removes nothing: they pass before the earlier dataset goes
-                tok = _check_before_replacing(open_run(cfg, layout, files, started))
+                tok = _check_before_replacing(open_run(cfg, layout, files, started, journal=False))
                 ownership.replace_earlier(layout)
             return _tokenize(open_run(cfg, layout, files, started), tok)
     except OSError as e:

@@ -72,7 +72,8 @@ class Run:
         return (self.journaled.next_unit, self.journaled.next_piece) if self.journaled else (0, 0)
 
 
-def open_run(cfg: ResolvedConfig, layout: Layout, files: list[str], started: float) -> Run:
-    """The run of this task over `files`: planned, and its journal (if any) read."""
+def open_run(cfg: ResolvedConfig, layout: Layout, files: list[str], started: float, journal: bool = True) -> Run:
+    """The run of this task over `files`: planned, and its journal (if any) read, unless `journal=False` (a fresh
+    start: --overwrite checks the run before it removes the earlier one, journal included, damaged or not)."""
     plan = plan_task(cfg, files)
-    return Run(cfg, layout, files, plan, load_progress(layout.work), started)
+    return Run(cfg, layout, files, plan, load_progress(layout.work) if journal else None, started)
