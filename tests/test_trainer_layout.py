@@ -16,7 +16,7 @@ from dataflow.distributed import data_parallel_coordinates
 from dataflow.errors import ConfigError
 from trainer.__main__ import main
 from trainer.config import load_config
-from trainer.layout import Layout, check_vocab, plan_layout
+from trainer.layout import ParallelLayout, check_vocab, plan_layout
 from trainer.loop import train
 
 
@@ -47,13 +47,13 @@ def test_an_impossible_layout_is_one_line(sets, world, said):
 
 
 def test_layouts_that_work():
-    assert plan_layout(config(), 1) == Layout()
-    assert plan_layout(config("train.pipeline_parallel=2"), 8) == Layout(2, 1, 4, 1)
-    assert plan_layout(config("train.pipeline_parallel=2", "train.tensor_parallel=2"), 8) == Layout(2, 1, 2, 2)
-    assert plan_layout(config("train.parallel=ddp"), 4) == Layout(1, 4, 1, 1)
-    assert plan_layout(config("train.tensor_parallel=2"), 4) == Layout(1, 1, 2, 2)
+    assert plan_layout(config(), 1) == ParallelLayout()
+    assert plan_layout(config("train.pipeline_parallel=2"), 8) == ParallelLayout(2, 1, 4, 1)
+    assert plan_layout(config("train.pipeline_parallel=2", "train.tensor_parallel=2"), 8) == ParallelLayout(2, 1, 2, 2)
+    assert plan_layout(config("train.parallel=ddp"), 4) == ParallelLayout(1, 4, 1, 1)
+    assert plan_layout(config("train.tensor_parallel=2"), 4) == ParallelLayout(1, 1, 2, 2)
     # hsdp's replicas are the nodes; the shard group is what is left of a node after tensor parallelism
-    assert plan_layout(config("train.parallel=hsdp", "train.tensor_parallel=2"), 16, 8) == Layout(1, 2, 4, 2)
+    assert plan_layout(config("train.parallel=hsdp", "train.tensor_parallel=2"), 16, 8) == ParallelLayout(1, 2, 4, 2)
     assert plan_layout(config("train.parallel=hsdp", "train.tensor_parallel=4", "train.hsdp_replicas=1"),
                        16, 8).record() == {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "tp": 4}
 
@@ -70,10 +70,10 @@ def test_global_batch_tokens_decides_the_accumulation():
 
 def test_the_padded_vocabulary_must_split_over_tensor_parallel():
     m = config("model.vocab_multiple=64").model
-    check_vocab(Layout(tp=4), m, 257)  # padded to 320
+    check_vocab(ParallelLayout(tp=4), m, 257)  # padded to 320
     with pytest.raises(ConfigError, match="does not divide the padded vocabulary of 320 rows .* set "
                                           "model.vocab_multiple = 192"):
-        check_vocab(Layout(tp=3), m, 257)
+        check_vocab(ParallelLayout(tp=3), m, 257)
 
 
 def test_the_data_parallel_coordinate_from_torchruns_environment(monkeypatch):
@@ -183,11 +183,11 @@ def test_the_70b_config_lays_out_as_its_comments_say():
     with torch.device("meta"):
         assert GPT(cfg.model, 50257, cfg.data.seq_len).num_params() == 64_837_918_720
     layout = plan_layout(cfg, 128, 8)  # 16 nodes of 8 GPUs
-    assert layout == Layout(pp=4, dp_replicate=2, dp_shard=2, tp=8, grad_accum=256)
+    assert layout == ParallelLayout(pp=4, dp_replicate=2, dp_shard=2, tp=8, grad_accum=256)
     check_vocab(layout, cfg.model, 50257)
     assert 16 * 64_837_918_720 / (layout.tp * layout.pp * layout.dp_shard) < 16.3e9  # fp32 states per GPU
     bigger = load_config(builtin_configs()["gpt-70b-3d"], ["data.path=unused", "train.hsdp_replicas=4"])
-    assert plan_layout(bigger, 256, 8) == Layout(4, 4, 2, 8, grad_accum=128)  # 32 nodes: the same global batch
+    assert plan_layout(bigger, 256, 8) == ParallelLayout(4, 4, 2, 8, grad_accum=128)  # 32 nodes: the same global batch
 
 
 class _Stages:
@@ -210,7 +210,7 @@ def test_only_the_first_and_last_pipeline_stage_start_loader_workers(data, tmp_p
     monkeypatch.setenv("WORLD_SIZE", "4")
     for stage in range(4):  # pp 4 x dp 1 x tp 1: rank r is stage r
         monkeypatch.setenv("RANK", str(stage))
-        d = Dist(layout=Layout(pp=4), mesh=_Stages(stage))
+        d = Dist(layout=ParallelLayout(pp=4), mesh=_Stages(stage))
         _, loader, _ = build_data(cfg, d)
         workers[stage] = loader.num_workers
         loader.close()

@@ -16,7 +16,7 @@ from dataflow.distributed import data_parallel_coordinates
 from dataflow.errors import ConfigError
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config
-from trainer.layout import Layout
+from trainer.layout import ParallelLayout
 from trainer.metrics import MetricsLogger, peak_flops
 from trainer.model import GPT, QKV_LAYOUT
 from trainer.optim import Schedule, build_optimizer
@@ -29,7 +29,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def open_dataset(cfg: Config, layout: Layout) -> Any:
+def open_dataset(cfg: Config, layout: ParallelLayout) -> Any:
     """The train dataset as this process's data-parallel rank reads it: every tensor-parallel rank of a group gets
     the same coordinate, so the same batches. Needs no process group (torchrun's environment says the rank)."""
     rank, world = data_parallel_coordinates(tensor_parallel=layout.tp, pipeline_parallel=layout.pp)

@@ -19,7 +19,7 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
-class Layout:
+class ParallelLayout:
     """How a run's processes split the model and the data."""
 
     pp: int = 1
@@ -108,7 +108,7 @@ def accumulation(cfg: Config, dp: int) -> int:
     return samples // per_micro
 
 
-def plan_layout(cfg: Config, world_size: int, local_world_size: int | None = None) -> Layout:
+def plan_layout(cfg: Config, world_size: int, local_world_size: int | None = None) -> ParallelLayout:
     """The layout of `world_size` processes as `cfg` asks for it; a ConfigError (one line) when it cannot be."""
     t = cfg.train
     tp, pp = t.tensor_parallel, t.pipeline_parallel
@@ -125,10 +125,10 @@ def plan_layout(cfg: Config, world_size: int, local_world_size: int | None = Non
                           f"only, not the documents' positions; set data.doc_mask = false or pipeline_parallel = 1")
     dp = world_size // (tp * pp)
     replicate, shard = (1, 1) if world_size == 1 else _data_parallel_split(cfg, dp, local_world_size or world_size)
-    return Layout(pp, replicate, shard, tp, accumulation(cfg, dp))
+    return ParallelLayout(pp, replicate, shard, tp, accumulation(cfg, dp))
 
 
-def check_vocab(layout: Layout, m: ModelConfig, vocab_size: int) -> None:
+def check_vocab(layout: ParallelLayout, m: ModelConfig, vocab_size: int) -> None:
     """The embedding is split by vocabulary rows over tp: the padded vocabulary must divide."""
     padded = -(-vocab_size // m.vocab_multiple) * m.vocab_multiple  # as trainer.model.padded_vocab
     if padded % layout.tp:

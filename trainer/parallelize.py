@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 from dataflow.errors import ConfigError
 from trainer.config import Config
-from trainer.layout import MESH_DIMS, Layout
+from trainer.layout import MESH_DIMS, ParallelLayout
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Dist:
     local_rank: int = 0
     local_world_size: int = 1
     device: torch.device = torch.device("cpu")
-    layout: Layout = Layout()
+    layout: ParallelLayout = ParallelLayout()
     mesh: "DeviceMesh | None" = None  # (pp, dp_replicate, dp_shard, tp) of a multi-process FSDP/HSDP run
 
     @property
@@ -41,7 +41,7 @@ class Dist:
         return self.rank == 0
 
 
-def init_distributed(device_choice: str, layout: Layout = Layout()) -> Dist:
+def init_distributed(device_choice: str, layout: ParallelLayout = ParallelLayout()) -> Dist:
     """Pick the device and, under torchrun (WORLD_SIZE > 1), join the process group (nccl on GPU, gloo on CPU).
     `layout` is the run's, as `trainer.layout.plan_layout` checked it for this world."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
