@@ -265,3 +265,20 @@ def test_an_hf_spec_that_is_no_repository_id_is_one_line(spec):
     with pytest.raises(ConfigError, match="not a Hugging Face Hub repository id") as e:
         load_tokenizer(spec)
     assert "\n" not in str(e.value)
+
+
+def test_a_branch_moved_to_another_commit_is_another_tokenizer(cache, tmp_path, capsys):
+    """The settings record a Hub tokenizer by its file's content: a rerun after `main` moved to a commit with
+    another tokenizer.json is refused, naming the tokenizer, instead of adding shards of other ids; the same
+    commit again (by branch or by commit) finds the dataset complete."""
+    put(cache, "acme/tok", COMMIT_A, {"tokenizer.json": PATHS["llama3"].read_bytes()})
+    dest = tokenize(tmp_path, "acme/tok")
+    settings = json.loads((dest / "index.json").read_text())["provenance"]["settings"]
+    assert settings["tokenizer"] == "sha256:" + hashlib.sha256(PATHS["llama3"].read_bytes()).hexdigest()
+    assert main(["tokenize", str(tmp_path / "in.jsonl"), "-o", str(dest), "--tokenizer", f"acme/tok@{COMMIT_A}",
+                 "--workers", "1", "--no-progress"]) == 0
+    assert "already complete" in capsys.readouterr().out
+    put(cache, "acme/tok", COMMIT_B, {"tokenizer.json": PATHS["qwen2"].read_bytes()})  # main moves
+    assert main(["tokenize", str(tmp_path / "in.jsonl"), "-o", str(dest), "--tokenizer", "acme/tok", "--workers",
+                 "1", "--no-progress"]) == 2
+    assert "other settings (tokenizer)" in capsys.readouterr().err

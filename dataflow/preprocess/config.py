@@ -25,6 +25,7 @@ from dataflow.formats.manifest import SPECIAL_TOKEN_RULES, Framing, TokenizerMet
 from dataflow.formats.remote_errors import missing_backend
 from dataflow.formats.writer import DEFAULT_SHARD_SIZE, check_shard_size, check_zstd_level, parse_size
 from dataflow.preprocess.journal import input_digest
+from dataflow.tokenizers import hub
 from dataflow.tokenizers.hf_reference import CONFIG_NAME
 from dataflow.tokenizers.tiktoken_files import split_spec, tiktoken_spec
 
@@ -266,7 +267,7 @@ def tokenizer_identity(spec: str) -> str:
     prefix, path = ("tiktoken:", spec[len("tiktoken:"):]) if spec.startswith("tiktoken:") else ("", spec)
     if spec == "bytes" or spec.startswith("sha256:") or path.startswith("sha256:"):
         return spec
-    digest = _file_digest(path)
+    digest = _file_digest(_hub_file(path) or path)
     return f"{prefix}sha256:{digest}" if digest else spec
 
 
@@ -275,9 +276,18 @@ def config_identity(spec: str) -> str | None:
     are framed with), None when there is none (or the tokenizer is no tokenizer.json)."""
     if spec == "bytes" or spec.startswith("tiktoken:") or spec.startswith("sha256:"):
         return None
-    path = spec.rsplit("/", 1)[0] + "/" + CONFIG_NAME if "/" in spec else CONFIG_NAME
+    path = _hub_file(spec, CONFIG_NAME) or (spec.rsplit("/", 1)[0] + "/" + CONFIG_NAME if "/" in spec else CONFIG_NAME)
     digest = _file_digest(path)
     return f"sha256:{digest}" if digest else None
+
+
+def _hub_file(spec: str, filename: str = hub.TOKENIZER_FILE) -> str | None:
+    """For a Hub spec (ORG/NAME[@REVISION]), `filename`'s path in the Hugging Face cache, where loading the
+    tokenizer put it: the settings record the file's content, so a branch moved to another commit is another
+    tokenizer (a resume is refused, naming it). None for any other spec, or a file the cache lacks."""
+    named = hub.parse(spec)
+    found = hub.cached(*named, filename) if named else None
+    return found if isinstance(found, str) else None
 
 
 def _file_digest(path: str) -> str | None:
