@@ -37,7 +37,23 @@ def sources(source: Any) -> tuple[list[str], list[float] | None]:
     for p in paths:
         if not isinstance(p, (str, os.PathLike)) or not str(p).strip():
             raise ConfigError(f"dataset paths must be non-empty strings (a folder or URL), got {p!r}")
+    _refuse_twice([str(p) for p in paths])
     return [str(p) for p in paths], weights
+
+
+def _refuse_twice(paths: list[str]) -> None:
+    """One dataset listed twice (in any spelling: `ds`, `ds/`, `./ds`, `file://`, its index.json) would serve each
+    of its samples twice an epoch: a mistake, said in one line (a mix's weights are how to weigh a source)."""
+    seen: dict[str, str] = {}
+    for p in paths:
+        key = p[len("file://"):] if p.startswith("file://") else p
+        key = key[:-len("index.json")] if key.endswith("/index.json") or key == "index.json" else key
+        key = key.rstrip("/") if "://" in key else os.path.realpath(key or ".")
+        if key in seen:
+            raise ConfigError(f"StreamingDataset: {seen[key]!r} and {p!r} are the same dataset, listed twice: each of "
+                              f"its samples would be served twice an epoch; list it once (in a {{path: weight}} mix, "
+                              f"its weight says how much of it to serve)")
+        seen[key] = p
 
 
 def check_weights(weights: list[Any]) -> np.ndarray:
