@@ -68,6 +68,12 @@ def release(fd: int, path: str) -> None:
         unlock(fd)
 
 
+def hold_open(fd: int) -> None:
+    """Take an exclusive flock on an open file or folder `fd` (a temp being written: `held_elsewhere` sees it
+    while the fd is open, and no longer once its writer is gone, killed or not)."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
 def held_elsewhere(path: str) -> bool:
     """True when another open file description holds an exclusive flock on `path` (False if no such file)."""
     try:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import json
 import os
 import shutil
 import tempfile
 from typing import IO, Any, Iterator
+
+from dataflow.locks import held_elsewhere, hold_open
 
 
 def temp_beside(path: str, suffix: str = ".tmp", folder: bool = False) -> tuple[str, int]:
@@ -26,29 +27,20 @@ def temp_beside(path: str, suffix: str = ".tmp", folder: bool = False) -> tuple[
         fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
     else:
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    hold_open(fd)
     return tmp, fd
 
 
 def remove_abandoned(directory: str, prefix: str, suffix: str) -> None:
     """Delete `directory/PREFIX*SUFFIX` temps (files or folders) whose writer is gone: their flock is free."""
     for tmp in glob.glob(os.path.join(glob.escape(directory), glob.escape(prefix) + "*" + glob.escape(suffix))):
-        try:
-            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if held_elsewhere(tmp):
             continue  # its writer is at work
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
         else:
-            if os.path.isdir(tmp):
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-        finally:
-            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 @contextlib.contextmanager
