@@ -8,7 +8,7 @@ import pathlib
 
 from dataflow.formats.manifest import TOKENIZE_WORK_DIR
 from dataflow.preprocess.config import TokenizeConfig
-from dataflow.preprocess.layout import FolderLayout, Layout, StoreLayout, layout_of
+from dataflow.preprocess.layout import FolderLayout, OutputLayout, StoreLayout, layout_of
 
 PREPROCESS = pathlib.Path(__file__).resolve().parents[1] / "dataflow" / "preprocess"
 
@@ -19,7 +19,7 @@ def test_a_folder_and_a_url_get_the_two_layouts_with_the_same_names(tmp_path, mo
     store = layout_of(TokenizeConfig(inputs=["a"], out="s3://bucket/ds", val_fraction=0.1, num_tasks=2,
                                      task_index=1).resolve())
     assert isinstance(folder, FolderLayout) and isinstance(store, StoreLayout)
-    assert isinstance(folder, Layout) and isinstance(store, Layout) and not hasattr(store, "remote")
+    assert isinstance(folder, OutputLayout) and isinstance(store, OutputLayout) and not hasattr(store, "remote")
     assert folder.work_root == str(tmp_path / "ds" / TOKENIZE_WORK_DIR) and folder.work_in_output() == folder.work_root
     assert folder.errors == folder.errors_url == str(tmp_path / "ds" / "_errors.jsonl")
     assert folder.rename_dirs() == {"train": str(tmp_path / "ds" / "train"), "val": str(tmp_path / "ds" / "val")}

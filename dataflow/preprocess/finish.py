@@ -19,7 +19,7 @@ from dataflow.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, Tokeni
 from dataflow.preprocess import output
 from dataflow.preprocess.config import framed_meta
 from dataflow.preprocess.journal import Progress
-from dataflow.preprocess.layout import Layout
+from dataflow.preprocess.layout import OutputLayout
 from dataflow.sources import input_kind
 from dataflow.tokenizers.load import Tokenizer
 from dataflow.version import __version__
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from dataflow.preprocess.task import Run
 
 
-def copy_tokenizer(layout: Layout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
+def copy_tokenizer(layout: OutputLayout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
     """The tokenizer's file beside each split's manifest, and the metadata that names it (with the framing of
     the documents, which `startup.unit_spec` kept on `tok`)."""
     metas = {}
@@ -86,7 +86,7 @@ def refuse_empty(run: Run, progress: Progress) -> None:
                      f"; fix the input, then rerun with --overwrite")
 
 
-def finished_counts(layout: Layout) -> tuple[dict[str, dict[str, int]], int, int, int]:
+def finished_counts(layout: OutputLayout) -> tuple[dict[str, dict[str, int]], int, int, int]:
     """Of a run finished before: each split's counts, and its documents, tokens and bad records in all."""
     datasets, docs, tokens = {}, 0, 0
     for split in layout.splits:

@@ -1,4 +1,4 @@
-"""Where one task of a `dataflow tokenize` run writes, and how its files get there: `Layout`, the one interface
+"""Where one task of a `dataflow tokenize` run writes, and how its files get there: `OutputLayout`, the one interface
 of the two kinds of output, a local folder (`FolderLayout`) and an object store (`StoreLayout`, any fsspec
 URL; see output.py). `layout_of` picks one; nothing else in the run asks which kind it writes.
 
@@ -33,12 +33,12 @@ CLAIMS_NAME = "claims.json"  # an object store's claim: the bundles whose worker
 EVERY = float("inf")
 
 
-def layout_of(cfg: ResolvedConfig) -> Layout:
+def layout_of(cfg: ResolvedConfig) -> OutputLayout:
     """The layout of this task's output: an object store for a URL, else a local folder."""
     return StoreLayout(cfg) if remote.is_remote(cfg.out) else FolderLayout(cfg)
 
 
-class Layout(abc.ABC):
+class OutputLayout(abc.ABC):
     """Where one task of a run writes: split folders, its part of them, its work and error files; and how it
     puts its files there (see the module)."""
 
@@ -158,7 +158,7 @@ class Layout(abc.ABC):
         shutil.rmtree(self.work)
 
 
-class FolderLayout(Layout):
+class FolderLayout(OutputLayout):
     """A local folder: shards renamed in by the commit, the work in OUT/_work, atomic writes in place."""
 
     def __init__(self, cfg: ResolvedConfig) -> None:
@@ -214,7 +214,7 @@ class FolderLayout(Layout):
             os.rmdir(self.work_root)
 
 
-class StoreLayout(Layout):
+class StoreLayout(OutputLayout):
     """An object store: shards uploaded by the workers to final names, the work (journal, lock, error log) in a
     local folder under the cache, one per output URL (a rerun must start on the same machine to resume); what
     the end writes is staged in the work folder, then uploaded (the manifest last: the commit point)."""

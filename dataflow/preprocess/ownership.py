@@ -27,7 +27,7 @@ from dataflow.preprocess import output
 from dataflow.preprocess.journal import Progress, load_progress
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.layout import Layout
+    from dataflow.preprocess.layout import OutputLayout
 
 # shard-00012.arrow (a local run, numbered in input order), shard-00000012-000000-00000.tar.zst (an object
 # store: named by bundle, `output.final_name`), in every shard format
@@ -105,7 +105,7 @@ class Owned:
         return name in self.names.get(folder, ())
 
 
-def owned(layout: Layout, journaled: Progress | None) -> Owned:
+def owned(layout: OutputLayout, journaled: Progress | None) -> Owned:
     """What this task's earlier work wrote, by what its manifests (in either layout), its journal and its
     claims list: the files `--overwrite` may remove."""
     mine = Owned()
@@ -125,7 +125,7 @@ def owned(layout: Layout, journaled: Progress | None) -> Owned:
     return mine
 
 
-def claimed(layout: Layout, journaled: Progress | None) -> dict[str, set[str]]:
+def claimed(layout: OutputLayout, journaled: Progress | None) -> dict[str, set[str]]:
     """The shards an interrupted run claimed in its journal (or claims file) but did not list as committed:
     put in place after its last journal save, or uploaded by a worker before their bundle's commit."""
     found: dict[str, set[str]] = {}
@@ -140,7 +140,7 @@ def claimed(layout: Layout, journaled: Progress | None) -> dict[str, set[str]]:
     return found
 
 
-def refuse_foreign(layout: Layout, mine: Owned) -> None:
+def refuse_foreign(layout: OutputLayout, mine: Owned) -> None:
     """A `ConfigError` naming the files in the names this run writes that it did not write (and that no
     manifest or journal of ours lists): the run would replace or remove them."""
     foreign = []
@@ -167,7 +167,7 @@ def _foreign_work(work: str) -> list[str]:
     return [work] if os.path.lexists(work) else []
 
 
-def _same_tokenizer(layout: Layout, folder: str, name: str) -> bool:
+def _same_tokenizer(layout: OutputLayout, folder: str, name: str) -> bool:
     """A tokenizer file that is the very file the run copies there (e.g. `--tokenizer OUT/tokenizer.json`)."""
     if name not in TOKENIZER_NAMES or layout.tokenizer_source is None:
         return False
@@ -180,7 +180,7 @@ def _same_tokenizer(layout: Layout, folder: str, name: str) -> bool:
         return False
 
 
-def remove_leftovers(layout: Layout, journaled: Progress | None) -> None:
+def remove_leftovers(layout: OutputLayout, journaled: Progress | None) -> None:
     """What an interrupted run left that no journal lists as committed: the shards it claimed, the temp
     files of its atomic writes. Call it before any worker starts: on an object store workers upload straight
     to final names, so a removal after they started would delete the new run's own shards."""
@@ -193,7 +193,7 @@ def remove_leftovers(layout: Layout, journaled: Progress | None) -> None:
                 output.remove(os.path.join(folder, name))
 
 
-def remove_owned(layout: Layout, mine: Owned) -> None:
+def remove_owned(layout: OutputLayout, mine: Owned) -> None:
     """For --overwrite: every file of ours (see `owned`), then the folders of ours left empty."""
     for folder, names in mine.names.items():
         for name in names:
@@ -212,7 +212,7 @@ def list_names(folder: str) -> list[str]:
         raise ConfigError(f"{folder}: is a file where the dataset's folder goes; choose another -o") from None
 
 
-def replace_earlier(layout: Layout) -> None:
+def replace_earlier(layout: OutputLayout) -> None:
     """--overwrite: this task's earlier dataset and work go, in either layout; refused first, with nothing
     removed, when a file under one of the names the run writes is not ours."""
     try:
@@ -226,7 +226,7 @@ def replace_earlier(layout: Layout) -> None:
     output.remove(layout.errors)  # the log of an unfinished run (an object store's is local; a folder's, ours)
 
 
-def forget_fresh_start(layout: Layout) -> None:
+def forget_fresh_start(layout: OutputLayout) -> None:
     """A fresh run stopped before its first commit leaves nothing: what its workers uploaded (claimed), then
     its work folder. When the store cannot be reached now, the claims stay for the next run to act on."""
     try:

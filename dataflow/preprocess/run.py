@@ -37,7 +37,7 @@ from dataflow.preprocess.config import ResolvedConfig, TokenizeConfig
 from dataflow.preprocess.executors import Executor, make_executor
 from dataflow.preprocess.finish import copy_tokenizer, finished_counts, refuse_empty, write_manifests
 from dataflow.preprocess.journal import Progress
-from dataflow.preprocess.layout import Layout, layout_of
+from dataflow.preprocess.layout import OutputLayout, layout_of
 from dataflow.preprocess.progress import InputProgress
 from dataflow.preprocess.task import Run, open_run
 from dataflow.sources import Reading, expand_inputs, read_bundles, workers_read_whole
@@ -98,7 +98,7 @@ def tokenize(config: TokenizeConfig) -> Summary:
         raise
 
 
-def _raise_storage_error(layout: Layout, e: BaseException) -> None:
+def _raise_storage_error(layout: OutputLayout, e: BaseException) -> None:
     """What an object store said mid-run (credentials that expired, an endpoint gone), as one line."""
     known = layout.explain(e)
     if known is not None:
@@ -106,7 +106,7 @@ def _raise_storage_error(layout: Layout, e: BaseException) -> None:
 
 
 @contextlib.contextmanager
-def _one_run_at_a_time(cfg: ResolvedConfig, layout: Layout) -> Iterator[None]:
+def _one_run_at_a_time(cfg: ResolvedConfig, layout: OutputLayout) -> Iterator[None]:
     """Hold an exclusive lock on this task's work for the run: a second `dataflow tokenize` into the same
     folder (and task) is refused at once instead of racing the first."""
     work_root = layout.work_root

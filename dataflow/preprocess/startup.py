@@ -19,7 +19,7 @@ from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.preprocess.config import framed_meta, framing_of, tokenizer_identity
 from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
-from dataflow.preprocess.layout import Layout
+from dataflow.preprocess.layout import OutputLayout
 from dataflow.preprocess.task import Run, TaskPlan
 from dataflow.sources.pieces import splits_into_pieces
 from dataflow.sources import fields_word, first_record_fields, read_unit_blocks
@@ -209,7 +209,7 @@ def start_or_resume(run: Run) -> Progress:
     return progress
 
 
-def _reopen_error_log(layout: Layout, length: int) -> None:
+def _reopen_error_log(layout: OutputLayout, length: int) -> None:
     """The error log as long as the journal says (what was logged after its last save goes). A log shorter
     than that is never padded: a run stopped at its very end on an object store had uploaded it already and
     removed the local copy, which comes back from there; any other short log is refused."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from dataflow.preprocess.config import ResolvedConfig
 from dataflow.preprocess.journal import Progress, load_progress
-from dataflow.preprocess.layout import Layout
+from dataflow.preprocess.layout import OutputLayout
 from dataflow.preprocess.plan import bundle_units, file_sizes, plan_units
 from dataflow.sources.records import Unit
 
@@ -54,7 +54,7 @@ class Run:
     committer's (`commit.Committer`)."""
 
     cfg: ResolvedConfig
-    layout: Layout
+    layout: OutputLayout
     files: list[str]  # the input files, listed
     plan: TaskPlan
     journaled: Progress | None  # the journal of an interrupted run of this task, None for a fresh start
@@ -72,7 +72,7 @@ class Run:
         return (self.journaled.next_unit, self.journaled.next_piece) if self.journaled else (0, 0)
 
 
-def open_run(cfg: ResolvedConfig, layout: Layout, files: list[str], started: float, journal: bool = True) -> Run:
+def open_run(cfg: ResolvedConfig, layout: OutputLayout, files: list[str], started: float, journal: bool = True) -> Run:
     """The run of this task over `files`: planned, and its journal (if any) read, unless `journal=False` (a fresh
     start: --overwrite checks the run before it removes the earlier one, journal included, damaged or not)."""
     plan = plan_task(cfg, files)
