@@ -329,4 +329,6 @@ def test_a_device_prefetcher_reading_ahead_is_audited_as_its_user_takes_batches(
     if told:
         assert report["clean"], report["findings"]
     else:
-        assert [f["kind"] for f in report["findings"]] == ["duplicate"]
+        # how far each rank's thread had read ahead when closed is timing: one range of duplicates or one a rank
+        kinds = [f["kind"] for f in report["findings"]]
+        assert kinds and set(kinds) == {"duplicate"}, report["findings"]
