@@ -54,7 +54,7 @@ def test_the_profilers_ring_estimate_is_the_ring_a_loader_makes(ds_path, workers
 
 
 def test_the_loaders_layout_is_the_batch_layout_and_no_other(ds_path):
-    """`Layout` names three things in the project (tokenize's output, the trainer's parallelism, the loader's
+    """Each layout has its own name (tokenize's `OutputLayout`, the trainer's `ParallelLayout`, the loader's
     batch): the loader's is `BatchLayout`, what `batch_layout()` returns, and no loading module defines a bare
     `Layout`."""
     layout = StreamingDataset(ds_path, seq_len=SEQ).batch_layout(4)
