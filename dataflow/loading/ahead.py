@@ -19,8 +19,8 @@ from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
 
-Run = Callable[[], None]
-Claim = Callable[[], Optional[Run]]  # None: no room in the cache now; else the work to do
+Fetch = Callable[[], None]  # one claimed download (and decode), ready to run
+Claim = Callable[[], Optional[Fetch]]  # None: no room in the cache now; else the work to do
 
 
 class FetchAhead:
@@ -82,7 +82,7 @@ class FetchAhead:
                 self._active += 1
                 self._pool.submit(self._work)
 
-    def _next(self, first: bool) -> tuple[str, int, Run] | None:
+    def _next(self, first: bool) -> tuple[str, int, Fetch] | None:
         """Under the lock: claim the head of the queue, or None (empty, waiting, a later tier, or closed
         and this thread has had its task)."""
         if (self._closed and not first) or self._waiting or not self._queue:

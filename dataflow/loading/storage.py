@@ -31,7 +31,7 @@ from dataflow.formats import remote
 from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
 from dataflow.loading import cache, decoded
-from dataflow.loading.ahead import FetchAhead, Run
+from dataflow.loading.ahead import Fetch, FetchAhead
 from dataflow.loading.cache import lock, release
 from dataflow.loading.holds import Holds
 from dataflow.loading.cache import DISK_FULL
@@ -238,7 +238,7 @@ class Storage:
                          lambda: self._fetch(shard, path, wait=True, room=room))
         return path
 
-    def _claim_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None) -> Run | None:
+    def _claim_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None) -> Fetch | None:
         """A fetch-ahead task's first step (in queue order): claim the room its download and decode need,
         or None when that does not fit beside what is held; then the work, which holds the shard after."""
         if self._holds.held_ahead(path):
