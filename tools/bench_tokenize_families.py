@@ -289,6 +289,39 @@ def goal_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def markdown(d: dict) -> list[str]:
+    """The results file as docs/benchmarks.md's section: one table row per (corpus, family, workers), the goal lines
+    and the CPU accounting. A --quick file is said to be start-up alone: it cannot judge the goals."""
+    rows = d["rows"]
+    lines = [f"`{d['command'].strip()}`: {d['mb']:g} MB of text per corpus (kjv: the KJV repeated; code: this "
+             "machine's Python sources and package docs, long documents), one engine thread per process. "
+             "Whole command: `dataflow tokenize` as a subprocess, start-up, reading, writing and the proof included. "
+             "Raw: the engine the command ran, texts parsed before the clock, nothing written. "
+             "'start excluded': the run minus a 50-document run, all processes' CPU (cancels the fixed start, "
+             "~1 CPU-s here).", ""]
+    if d.get("quick"):
+        lines += ["*A --quick run: its figures are start-up alone and cannot judge the goals below.*", ""]
+    lines += ["| corpus | family | engine | workers | ours MB/s | ours/raw (CPU) | ours/raw (wall) | start excluded "
+              "ours/raw (CPU) | ours/raw tokenizers (CPU) | framing tokens/doc |", "|---|---|---|---:|---:|---:|---:|"
+              "---:|---:|---:|"]
+    for r in rows:
+        o, raw, hf = r["ours"], r["raw"], r["raw_tokenizers"]
+        steady = "-"
+        if "tiny" in r:
+            t = r["tiny"]
+            cpu = (o["cpu_s"] - t["cpu_s"]) / ((o["text_bytes"] - t["text_bytes"]) / 1e6)  # CPU-s per MB
+            steady = f"{1 / cpu / raw['mb_cpu_s']:.2f}" if cpu > 0 else "(noise)"
+        lines.append(f"| {r['corpus']} | {r['family']} | {r['engine']} | {r['workers']} | {o['mb_s']:.1f} | "
+                     f"{o['mb_cpu_s'] / raw['mb_cpu_s']:.2f} | {o['mb_s'] / raw['mb_s']:.2f} | {steady} | "
+                     f"{o['mb_cpu_s'] / hf['mb_cpu_s']:.1f}x | {(o['tokens'] - raw['tokens']) / max(o['docs'], 1):.2f} |")
+    lines += ["", "Against issue 34's bars at one worker (byte-level: >= 0.5 of the raw engine and >= 10x raw "
+              "`tokenizers`; SentencePiece-style: >= raw `tokenizers`):", ""]
+    lines += [f"- {x.strip()}" for x in goal_lines(rows)]
+    lines += ["", "CPU accounting (the coordinator is the main process: its per-GB cost is the serial part):", "",
+              "```"] + cpu_lines(rows) + ["```", ""]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=float, default=20.0, help="MB of text per corpus (default 20)")
@@ -329,9 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     for line in goal_lines(rows):
         print("  " + line)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
+    with open(args.json + ".tmp", "w") as f:  # atomic: tools/peers/report.py reads it into docs/benchmarks.md
         json.dump({"machine": info, "mb": mb, "quick": args.quick, "rows": rows,
                    "command": "python tools/bench_tokenize.py families " + " ".join(argv or sys.argv[1:])}, f, indent=1)
+    os.replace(args.json + ".tmp", args.json)
     print(f"\nresults: {os.path.relpath(args.json, ROOT)}")
     return 0
 

@@ -255,6 +255,45 @@ def coordinator_section(d: dict) -> list[str]:
     return lines + [""]
 
 
+FAMILIES_HEADING = "## Tokenize: every tokenizer family"
+REMOTE_HEADING = "## Streaming from object storage"
+
+
+def sections(md: str) -> dict[str, str]:
+    """A page's `## ` sections by heading line, each with its text up to the next `## ` heading."""
+    out, heading, body = {}, None, []
+    for line in md.splitlines():
+        if line.startswith("## "):
+            if heading:
+                out[heading] = "\n".join(body).rstrip() + "\n"
+            heading, body = line, [line]
+        elif heading:
+            body.append(line)
+    if heading:
+        out[heading] = "\n".join(body).rstrip() + "\n"
+    return out
+
+
+def extra_sections(families: str, remote: str, old: dict[str, str]) -> list[str]:
+    """The sections other benchmarks feed: tokenizer families (tools/bench_tokenize.py families' JSON) and object
+    storage (tools/bench_remote.py's --markdown file). Where a run left no results, the page's current section
+    stays as it is: a `make bench` that ran neither does not erase their tables."""
+    out = []
+    if os.path.exists(families):
+        from tools import bench_tokenize_families
+
+        with open(families) as f:
+            out += [FAMILIES_HEADING, ""] + bench_tokenize_families.markdown(json.load(f))
+    elif FAMILIES_HEADING in old:
+        out += [old[FAMILIES_HEADING]]
+    if os.path.exists(remote):
+        with open(remote) as f:
+            out += [REMOTE_HEADING, "", f.read().rstrip(), ""]
+    elif REMOTE_HEADING in old:
+        out += [old[REMOTE_HEADING]]
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--loader", default=os.path.join(ROOT, "bench-out", "results", "loader.json"))
@@ -264,12 +303,20 @@ def main() -> int:
     p.add_argument("--png", default=os.path.join(ROOT, "docs", "benchmarks.png"))
     p.add_argument("--analysis", default=os.path.join(ROOT, "tools", "peers", "analysis.md"),
                    help="hand-written findings appended to the report (profiles, where time goes)")
+    p.add_argument("--families", default=os.path.join(ROOT, "bench-out", "results", "tokenize-families.json"))
+    p.add_argument("--remote", default=os.path.join(ROOT, "bench-out", "results", "remote.md"),
+                   help="tools/bench_remote.py --markdown's file")
     a = p.parse_args()
     load = lambda f: json.load(open(f)) if os.path.exists(f) else None  # noqa: E731
     loader, tok, coordinator = load(a.loader), load(a.tokenize), load(a.coordinator)
+    old_md = open(a.md).read() if os.path.exists(a.md) else ""
+    old = sections(old_md)
+    extra = extra_sections(a.families, a.remote, old)
     if not loader and not tok:
-        print("no results to report", file=sys.stderr)
-        return 1
+        if not (os.path.exists(a.families) or os.path.exists(a.remote)):
+            print("no results to report", file=sys.stderr)
+            return 1
+        return _update_in_place(a.md, old_md, old, extra)
     m = (loader or tok)["machine"]
     quick = (loader or tok).get("quick")
     md = ["# Benchmarks", "",
@@ -301,15 +348,38 @@ def main() -> int:
     md += [NOTES_INSTALL, ("Failed in this run: " + "; ".join(fails) + "." if fails else
                            "No tool failed to install or run in this run; one that does is listed in its table with "
                            "the reason.") + "\n"]
+    md += extra
     if os.path.exists(a.analysis):
         with open(a.analysis) as f:
             md += [f.read()]
-    os.makedirs(os.path.dirname(a.md), exist_ok=True)
-    with open(a.md, "w") as f:
-        f.write("\n".join(md).rstrip() + "\n")
+    _write(a.md, "\n".join(md).rstrip() + "\n")
     chart(loader, tok, a.png)
     print(f"wrote {os.path.relpath(a.md, ROOT)} and {os.path.relpath(a.png, ROOT)}")
     return 0
+
+
+def _update_in_place(path: str, old_md: str, old: dict[str, str], extra: list[str]) -> int:
+    """Only the families and object-storage sections are new: replace (or add, before the profiles) those two in
+    the current page and keep the rest of it as it is."""
+    new = sections("\n".join(extra))
+    text = old_md
+    for heading, body in new.items():
+        if heading in old:
+            text = text.replace(old[heading], body)
+        elif "## Where our time goes" in text:
+            text = text.replace("## Where our time goes", body + "\n## Where our time goes", 1)
+        else:
+            text = text.rstrip() + "\n\n" + body
+    _write(path, text)
+    print(f"updated {', '.join(h[3:] for h in new)} in {os.path.relpath(path, ROOT)}")
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
