@@ -23,7 +23,7 @@ from dataflow.convert.command import add_convert_parser
 from dataflow.debug import debug_enabled
 from dataflow.errors import ConfigError, DataflowError
 from dataflow.profiling.subcommand import add_profile_parser
-from dataflow.units import count
+from dataflow.sizes import count
 
 DISTRIBUTION = "dataflow-lm"
 

@@ -113,7 +113,7 @@ def size(name: str) -> int | str | None:
         return None
     if value.strip().lower() in ("none", "unlimited", "0"):
         return "none"
-    from dataflow.units import parse_size
+    from dataflow.sizes import parse_size
 
     try:
         return parse_size(value)

@@ -15,10 +15,10 @@ import torch.distributed as dist
 import dataflow
 from dataflow.distributed import data_parallel_coordinates
 from dataflow.errors import TrainingAborted
-from dataflow.units import count
+from dataflow.sizes import count
 from trainer.build import (
     Counters,
-    Run,
+    TrainRun,
     build_data,
     open_dataset,
     seed_everything,
@@ -41,7 +41,7 @@ from trainer.step import (
     train_step,
 )
 
-__all__ = ["train", "build_data", "Counters", "Run", "StepResult", "TrainingAborted", "is_spike", "guard",
+__all__ = ["train", "build_data", "Counters", "TrainRun", "StepResult", "TrainingAborted", "is_spike", "guard",
            "SPIKE_PATIENCE"]
 
 EMA_BETA = 0.9  # running loss average for spike detection
@@ -111,7 +111,7 @@ def _train(cfg: Config, d: Dist, log: MetricsLogger, ds: Any) -> dict[str, Any]:
     return finish(run, mon, loss, val_loss)
 
 
-def resume(run: Run) -> None:
+def resume(run: TrainRun) -> None:
     """Continue from the configured checkpoint, if any: weights, optimizer, counters, data position, RNG, schedule."""
     cfg, d, t = run.cfg, run.d, run.cfg.train
     ckpt = run.ckpt or Checkpointer("", 1, d)
@@ -132,7 +132,7 @@ def resume(run: Run) -> None:
     run.last_saved = run.step
 
 
-def layout_change(run: Run, state: dict[str, Any]) -> str:
+def layout_change(run: TrainRun, state: dict[str, Any]) -> str:
     """What changed since the checkpoint's run: its layout and its tokens per step (say, fewer processes without
     train.global_batch_tokens); empty when nothing did or the checkpoint does not say."""
     said = []
@@ -146,7 +146,7 @@ def layout_change(run: Run, state: dict[str, Any]) -> str:
     return "".join("; " + s for s in said)
 
 
-def say_what_is_ahead(run: Run, stop_at: int) -> None:
+def say_what_is_ahead(run: TrainRun, stop_at: int) -> None:
     """Nothing to do (the checkpoint is at the end), or a warning when the run looks out of reach."""
     t, step = run.cfg.train, run.step
     if step >= stop_at:
@@ -162,7 +162,7 @@ def say_what_is_ahead(run: Run, stop_at: int) -> None:
         warn_if_out_of_reach(run.cfg, run.d.device, run.d.world_size, gpt, run.tokens_per_step, run.log.print)
 
 
-def steps(run: Run, batches: Iterator[Any], mon: Any, stop: StopFlag, stop_at: int) -> tuple[float, float | None]:
+def steps(run: TrainRun, batches: Iterator[Any], mon: Any, stop: StopFlag, stop_at: int) -> tuple[float, float | None]:
     """Train until `stop_at` or a stop signal; returns the last step's loss and the last validation loss."""
     cfg, t = run.cfg, run.cfg.train
     loss, val_loss, interval = float("nan"), None, Interval()
@@ -188,7 +188,7 @@ def steps(run: Run, batches: Iterator[Any], mon: Any, stop: StopFlag, stop_at: i
     return loss, val_loss
 
 
-def guard(run: Run, r: StepResult) -> bool:
+def guard(run: TrainRun, r: StepResult) -> bool:
     """Non-finite steps (counted; too many in a row abort) and loss spikes (logged, or rolled back from).
     True when the run rolled back to a checkpoint."""
     t, c, log = run.cfg.train, run.counters, run.log
@@ -223,7 +223,7 @@ def guard(run: Run, r: StepResult) -> bool:
     return False
 
 
-def log_interval(run: Run, r: StepResult, mon: Any, interval: Interval) -> None:
+def log_interval(run: TrainRun, r: StepResult, mon: Any, interval: Interval) -> None:
     """One metrics record for the steps since the last one."""
     d = run.d
     wait_s, wall_s = mon.reset_interval()
@@ -242,7 +242,7 @@ def log_interval(run: Run, r: StepResult, mon: Any, interval: Interval) -> None:
             run.log.event(run.step, "straggler", line)
 
 
-def run_eval(run: Run) -> float | None:
+def run_eval(run: TrainRun) -> float | None:
     """The validation loss, logged."""
     loss = evaluate(run.model, run.val_loader, run.cfg, run.d)
     if loss is not None:
@@ -251,7 +251,7 @@ def run_eval(run: Run) -> float | None:
     return loss
 
 
-def save(run: Run) -> None:
+def save(run: TrainRun) -> None:
     """A checkpoint of this step; the data position is the prefetcher's: after the last batch the
     optimizer took, not the read-ahead."""
     path = run.ckpt.save(run.step, run.model, run.optimizer, {
@@ -262,7 +262,7 @@ def save(run: Run) -> None:
     run.log.event(run.step, "checkpoint", f"saved {path}")
 
 
-def finish(run: Run, mon: Any, loss: float, val_loss: float | None) -> dict[str, Any]:
+def finish(run: TrainRun, mon: Any, loss: float, val_loss: float | None) -> dict[str, Any]:
     """The last checkpoint and evaluation, the summary lines, and what `train` returns."""
     cfg, t, step = run.cfg, run.cfg.train, run.step
     if run.ckpt and cfg.checkpoint.save_at_exit and run.last_saved != step:
@@ -280,7 +280,7 @@ def finish(run: Run, mon: Any, loss: float, val_loss: float | None) -> dict[str,
             "resumed_from": run.resume_path, "summary": mon.summary()}
 
 
-def say_fleet(run: Run, mon: Any) -> None:
+def say_fleet(run: TrainRun, mon: Any) -> None:
     """Under torch.distributed, rank 0 sums up every rank's figures (`dataflow profile --fleet`'s view)."""
     folder = rank_figures_dir(run.cfg)
     if folder is None or run.d.world_size == 1:

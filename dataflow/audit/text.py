@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dataflow.units import count
+from dataflow.sizes import count
 
 
 def _when(t: float) -> str:

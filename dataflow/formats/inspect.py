@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from dataflow.formats.manifest import Manifest
-from dataflow.units import count
+from dataflow.sizes import count
 
 
 def describe(dataset: str, manifest: Manifest, documents: Iterable[dict[str, str]] = ()) -> dict[str, Any]:

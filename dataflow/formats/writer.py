@@ -17,7 +17,7 @@ import pyarrow as pa
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import COMPRESSIONS, FORMATS, Manifest, ShardInfo, TokenizerMeta, write_manifest
 from dataflow.formats.shard_formats import ShardSink, shard_format
-from dataflow.units import parse_size  # noqa: F401  (callers import it from here too)
+from dataflow.sizes import parse_size  # noqa: F401  (callers import it from here too)
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
 MAX_SHARD_SIZE = 8 << 30  # the layout of an Arrow shard is a fixed-width field sized for its record batches

@@ -36,7 +36,7 @@ from dataflow import env, locks
 from dataflow.errors import CacheFullError, CacheUnwritable, DataflowError
 from dataflow.formats.hashing import sha256_local
 from dataflow.locks import release, unlock  # noqa: F401  (the cache's lock protocol, with `lock` below)
-from dataflow.units import parse_size
+from dataflow.sizes import parse_size
 
 _TAG = re.compile(r"[0-9a-f]{16}")
 _ENTRY = re.compile(r"[0-9a-f]{16}-.+")

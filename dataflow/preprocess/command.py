@@ -12,7 +12,7 @@ import json
 from typing import Callable
 
 from dataflow.preprocess.config import TokenizeConfig
-from dataflow.units import count
+from dataflow.sizes import count
 
 
 def add_tokenize_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:

@@ -3,7 +3,7 @@
 import pytest
 
 from dataflow.errors import ConfigError
-from dataflow.units import count, parse_size
+from dataflow.sizes import count, parse_size
 
 
 def test_counts_agree_in_number():
