@@ -124,12 +124,12 @@ def test_memory_stays_bounded_whatever_the_input_size(tmp_path, monkeypatch):
 
     def all_four(src: str, tag: str) -> list[float]:
         return [_peak_above_baseline(f) for f in (
-            lambda: run.from_nanogpt([src], str(tmp_path / f"ds{tag}"), "bytes", opts, run.Progress()),
-            lambda: run.to_megatron([str(tmp_path / f"ds{tag}")], str(tmp_path / f"mg{tag}"), False, run.Progress()),
+            lambda: run.from_nanogpt([src], str(tmp_path / f"ds{tag}"), "bytes", opts, run.ConvertProgress()),
+            lambda: run.to_megatron([str(tmp_path / f"ds{tag}")], str(tmp_path / f"mg{tag}"), False, run.ConvertProgress()),
             lambda: run.from_megatron([str(tmp_path / f"mg{tag}")], str(tmp_path / f"re{tag}"), "bytes", opts,
-                                      run.Progress()),
+                                      run.ConvertProgress()),
             lambda: run.to_nanogpt([str(tmp_path / f"re{tag}")], str(tmp_path / f"back{tag}.bin"), False,
-                                   run.Progress()))]
+                                   run.ConvertProgress()))]
 
     tracemalloc.start()
     try:

@@ -1,12 +1,12 @@
-"""One meaning per name (issue 35, step 8): inside the loader and the profiler, a class or type name is
-defined once, so that a reader who meets `_Totals` or `Layout` in one module may trust it in the next.
-Tokenize's and the trainer's names are guarded the same way once their duplicates (`Layout`, `Progress`) go."""
+"""One meaning per name (issue 35, step 8): inside `dataflow/` and `trainer/`, a class or type name is defined once,
+so that a reader who meets `_Totals`, `Layout` or `Run` in one module may trust it in the next (the trainer's is
+`TrainRun`, a tokenize task's `TaskRun`, convert's `ConvertProgress`, the model's `TransformerBlock`)."""
 
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-GUARDED = ("dataflow/loading", "dataflow/profiling")
+GUARDED = ("dataflow", "trainer")
 
 
 def type_names(tree: ast.Module) -> set[str]:
@@ -29,7 +29,7 @@ def duplicates(root: pathlib.Path, folders: tuple[str, ...] = GUARDED) -> dict[s
     return {name: files for name, files in where.items() if len(files) > 1}
 
 
-def test_a_type_name_in_the_loader_and_the_profiler_is_defined_once():
+def test_a_type_name_in_dataflow_and_the_trainer_is_defined_once():
     found = duplicates(ROOT)
     assert not found, "one definition per name (rename one of them):\n" + "\n".join(
         f"{name}: {', '.join(files)}" for name, files in sorted(found.items()))

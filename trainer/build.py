@@ -1,5 +1,5 @@
 """What a training run is built from: the layout, the data (fed by the data-parallel coordinate), the parallel model,
-the optimizer and the device prefetcher, held in one `Run`.
+the optimizer and the device prefetcher, held in one `TrainRun`.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class Counters:
 
 
 @dataclass
-class Run:
+class TrainRun:
     """What one training run holds: built by `setup`, moved on by `steps`."""
 
     cfg: Config
@@ -160,7 +160,7 @@ def say_layout(cfg: Config, d: Dist, log: MetricsLogger, tokens_per_step: int) -
                   f"{t.global_batch_tokens:,} gives {lay.grad_accum} micro-batch(es) per step at this layout")
 
 
-def setup(cfg: Config, d: Dist, log: MetricsLogger, ds: Any = None) -> Run:
+def setup(cfg: Config, d: Dist, log: MetricsLogger, ds: Any = None) -> TrainRun:
     """Data, model, optimizer, the device prefetcher, and the lines saying what runs where."""
     t = cfg.train
     ds, loader, val_loader = build_data(cfg, d, ds)
@@ -178,7 +178,7 @@ def setup(cfg: Config, d: Dist, log: MetricsLogger, ds: Any = None) -> Run:
     model_meta = {k: getattr(cfg.model, k) for k in ("n_layer", "n_head", "d_model", "mlp_ratio", "vocab_multiple")}
     model_meta.update(vocab_size=ds.vocab_size, qkv=QKV_LAYOUT)
     prefetcher = dataflow.DevicePrefetcher(loader, device=d.device, depth=cfg.data.prefetch_depth)
-    run = Run(cfg, d, log, ds, loader, val_loader, model, gpt, optimizer, prefetcher, ckpt, model_meta,
+    run = TrainRun(cfg, d, log, ds, loader, val_loader, model, gpt, optimizer, prefetcher, ckpt, model_meta,
               tokens_per_step, gpt.flops_per_token(cfg.data.seq_len), peak_flops(d.device), Schedule.of(t))
     if d.layout.pp > 1:
         run.pipeline = build_pipeline(model, gpt, d.layout.grad_accum, d)

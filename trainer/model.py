@@ -108,7 +108,7 @@ class MLP(nn.Module):
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
 
 
-class Block(nn.Module):
+class TransformerBlock(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
@@ -132,7 +132,7 @@ class GPT(nn.Module):
         self.padded_vocab = padded_vocab(vocab_size, cfg.vocab_multiple)
         self.tok_emb = nn.Embedding(self.padded_vocab, cfg.d_model)
         # a dict by layer number: a pipeline stage keeps its layers under their full model's names (blocks.N)
-        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
+        self.blocks = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layer)})
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, self.padded_vocab, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied: one matrix reads and writes tokens

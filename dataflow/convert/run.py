@@ -27,7 +27,7 @@ KINDS = ("megatron", "nanogpt")
 Batches = Iterator[tuple[int, np.ndarray, np.ndarray]]  # (first document, tokens, offsets from 0)
 
 
-class Progress:
+class ConvertProgress:
     """What the conversions report to: `start(total tokens)` once the inputs are checked, then
     `update(tokens)` as they go. This one reports nowhere; the command shows a tqdm bar."""
 
@@ -39,7 +39,7 @@ class Progress:
 
 
 @dataclass
-class Summary:
+class ConvertSummary:
     documents: int
     tokens: int
     outputs: list[str]
@@ -59,7 +59,8 @@ class WriteOptions:
 
 
 def _write_dataset(kind: str, sources: list[str], batches: Callable[[str, TokenizerMeta], Batches], out: str,
-                   spec: str, options: WriteOptions, progress: Progress, settings: dict, total: int) -> Summary:
+                   spec: str, options: WriteOptions, progress: ConvertProgress, settings: dict,
+                   total: int) -> ConvertSummary:
     """Write the documents of `sources` (in order; ids SOURCE:index) as one dataset at `out`."""
     refuse_overlap([p for source in sources for p in _files_of(kind, source)], [out])
     with dataset_output(out, options.overwrite) as tmp:
@@ -75,7 +76,7 @@ def _write_dataset(kind: str, sources: list[str], batches: Callable[[str, Tokeni
                     w.write_batch(tokens.astype(meta.dtype), offsets, _ids(source, first, len(offsets) - 1))
                     progress.update(len(tokens))
         m = w.manifest()
-    return Summary(m.documents, m.tokens, [out], len(m.shards), m.dtype)
+    return ConvertSummary(m.documents, m.tokens, [out], len(m.shards), m.dtype)
 
 
 def _files_of(kind: str, source: str) -> list[str]:
@@ -89,7 +90,8 @@ def _ids(source: str, first: int, count: int) -> DocIds:
     return DocIds(b"".join(names), np.concatenate([[0], np.cumsum([len(n) for n in names], dtype=np.int64)]))
 
 
-def from_megatron(prefixes: list[str], out: str, spec: str, options: WriteOptions, progress: Progress) -> Summary:
+def from_megatron(prefixes: list[str], out: str, spec: str, options: WriteOptions,
+                  progress: ConvertProgress) -> ConvertSummary:
     """PREFIX.bin/.idx files (Megatron documents, in order, ids PREFIX:index) into one dataset."""
     prefixes = [megatron.strip_suffix(p) for p in local_inputs(prefixes, "Megatron files")]
     indices = {p: megatron.read_index(p) for p in prefixes}  # every input checked before any work
@@ -99,8 +101,8 @@ def from_megatron(prefixes: list[str], out: str, spec: str, options: WriteOption
                           sum(i.tokens for i in indices.values()))
 
 
-def from_nanogpt(files: list[str], out: str, spec: str, options: WriteOptions, progress: Progress,
-                 dtype: str | None = None, eos_id: int | None = None) -> Summary:
+def from_nanogpt(files: list[str], out: str, spec: str, options: WriteOptions, progress: ConvertProgress,
+                 dtype: str | None = None, eos_id: int | None = None) -> ConvertSummary:
     """Flat token files, split after each EOS (ids FILE:index), into one dataset."""
     files = local_inputs(files, "nanoGPT files")
     for f in files:
@@ -122,7 +124,7 @@ def from_nanogpt(files: list[str], out: str, spec: str, options: WriteOptions, p
                           sum(os.path.getsize(f) // dtypes[f].itemsize for f in files))
 
 
-def to_megatron(datasets: list[str], prefix: str, overwrite: bool, progress: Progress) -> Summary:
+def to_megatron(datasets: list[str], prefix: str, overwrite: bool, progress: ConvertProgress) -> ConvertSummary:
     """Datasets into PREFIX.bin/.idx: one sequence per document, document indices 0..N, in stored order."""
     ds = open_datasets(datasets)
     prefix = megatron.strip_suffix(prefix)
@@ -139,11 +141,11 @@ def to_megatron(datasets: list[str], prefix: str, overwrite: bool, progress: Pro
         except BaseException:
             writer.abort()
             raise
-    return Summary(ds.documents, ds.tokens, list(megatron.paths(prefix)), dtype=dtype.name)
+    return ConvertSummary(ds.documents, ds.tokens, list(megatron.paths(prefix)), dtype=dtype.name)
 
 
-def to_nanogpt(datasets: list[str], path: str, overwrite: bool, progress: Progress, dtype: str | None = None,
-               eos_id: int | None = None) -> Summary:
+def to_nanogpt(datasets: list[str], path: str, overwrite: bool, progress: ConvertProgress, dtype: str | None = None,
+               eos_id: int | None = None) -> ConvertSummary:
     """Datasets into one flat token file: documents end to end as stored (with --eos-id: each followed by it)."""
     ds = open_datasets(datasets)
     out_dtype = nanogpt.output_dtype(path, ds.tokenizer.vocab_size, dtype)
@@ -170,4 +172,4 @@ def to_nanogpt(datasets: list[str], path: str, overwrite: bool, progress: Progre
             tokens_out += len(data)
             progress.update(int(offsets[-1]))
     notes = [f"--eos-id {eos_id} after each document"] if eos_id is not None else []
-    return Summary(ds.documents, tokens_out, [path], dtype=out_dtype.name, notes=notes)
+    return ConvertSummary(ds.documents, tokens_out, [path], dtype=out_dtype.name, notes=notes)

@@ -226,7 +226,7 @@ class ResolvedConfig:
         """Everything that changes the output bytes; a rerun must match these to resume. `inputs`: the files
         the inputs name, as [name in ids, bytes] (`TaskPlan.inputs`), not the arguments as typed: a file
         added, removed or resized since an interrupted run would shift every unit after it. (The run computes
-        them once: `task.Run.settings`.)"""
+        them once: `task.TaskRun.settings`.)"""
         d = {f.name: getattr(self, f.name) for f in fields(TokenizeConfig) if f.metadata["output"]}
         if len(self.text.names) == 1:  # a separator joins nothing: not in the settings (older journals resume)
             d.pop("text_separator")

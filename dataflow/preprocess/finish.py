@@ -25,7 +25,7 @@ from dataflow.tokenizers.load import Tokenizer
 from dataflow.version import __version__
 
 if TYPE_CHECKING:
-    from dataflow.preprocess.task import Run
+    from dataflow.preprocess.task import TaskRun
 
 
 def copy_tokenizer(layout: OutputLayout, tok: Tokenizer) -> dict[str, TokenizerMeta]:
@@ -44,7 +44,7 @@ def _framed(tok: Tokenizer, meta: TokenizerMeta) -> TokenizerMeta:
     return meta if framing is None else framed_meta(meta, framing)
 
 
-def write_manifests(run: Run, progress: Progress, metas: dict[str, TokenizerMeta]) -> dict[str, dict[str, int]]:
+def write_manifests(run: TaskRun, progress: Progress, metas: dict[str, TokenizerMeta]) -> dict[str, dict[str, int]]:
     """Every split's manifest over the shards the journal lists; then the work folder goes."""
     cfg, layout, plan = run.cfg, run.layout, run.plan
     provenance: dict[str, Any] = {"inputs": run.files, "input_files": plan.inputs,  # [name in ids, bytes] each
@@ -67,7 +67,7 @@ def write_manifests(run: Run, progress: Progress, metas: dict[str, TokenizerMeta
     return datasets
 
 
-def refuse_empty(run: Run, progress: Progress) -> None:
+def refuse_empty(run: TaskRun, progress: Progress) -> None:
     """An `InputError` instead of a dataset of no document (training on it fails later, far from the cause):
     the inputs held no record, or every record was bad (and the error log says why, each)."""
     if progress.documents:

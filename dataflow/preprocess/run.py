@@ -39,7 +39,7 @@ from dataflow.preprocess.finish import copy_tokenizer, finished_counts, refuse_e
 from dataflow.preprocess.journal import Progress
 from dataflow.preprocess.layout import OutputLayout, layout_of
 from dataflow.preprocess.progress import InputProgress
-from dataflow.preprocess.task import Run, open_run
+from dataflow.preprocess.task import TaskRun, open_run
 from dataflow.sources import Reading, expand_inputs, read_bundles, workers_read_whole
 from dataflow.tokenizers.load import Tokenizer, load_tokenizer
 from dataflow.preprocess.worker import UnitSpec, adopt_tokenizer
@@ -148,7 +148,7 @@ def _exclusive_lock(path: str) -> Iterator[bool]:
         locks.unlock(fd)
 
 
-def _check_before_replacing(run: Run) -> Tokenizer:
+def _check_before_replacing(run: TaskRun) -> Tokenizer:
     """--overwrite: the checks that refuse a run before its first write (the tokenizer loads and is proven, the
     input has the fields, no task slices lie in the way), made before the earlier dataset is removed; the
     tokenizer, which the run then uses. Its settings need not match the dataset it replaces."""
@@ -157,7 +157,7 @@ def _check_before_replacing(run: Run) -> Tokenizer:
     return startup.proven_tokenizer(run.cfg)
 
 
-def _tokenize(run: Run, tok: Tokenizer | None = None) -> Summary:
+def _tokenize(run: TaskRun, tok: Tokenizer | None = None) -> Summary:
     """The run, with the tokenizer when it is loaded already (--overwrite checked it first)."""
     cfg, layout, plan, journaled = run.cfg, run.layout, run.plan, run.journaled
     # finished: a manifest and no work left behind (a run killed while closing its splits has written some)
@@ -207,7 +207,7 @@ def _tokenize(run: Run, tok: Tokenizer | None = None) -> Summary:
                    start[0] if journaled else 0, len(plan.task_units), notes)
 
 
-def _start_workers(run: Run, executor: Executor, reading: Reading, work: Callable[[], Reading],
+def _start_workers(run: TaskRun, executor: Executor, reading: Reading, work: Callable[[], Reading],
                    scratch: str, tok: Tokenizer | None = None) -> tuple[Tokenizer, UnitSpec]:
     """Load and prove the tokenizer, set the workers on the bundles of `reading` (forked ones inherit the
     tokenizer loaded here and rely on its checks), then check it on the input meanwhile. Should the check
@@ -244,7 +244,7 @@ def _spill_folder(scratch: str) -> str:
     return tempfile.mkdtemp(prefix="pieces-", dir=scratch)
 
 
-def _commit_all(run: Run, results: Iterator, progress: Progress, scratch: str, done_units: int) -> Progress:
+def _commit_all(run: TaskRun, results: Iterator, progress: Progress, scratch: str, done_units: int) -> Progress:
     """Commit every bundle's result in input order, with a progress bar over the input's bytes."""
     cfg, layout, plan = run.cfg, run.layout, run.plan
     units = plan.task_units
@@ -261,7 +261,7 @@ def _commit_all(run: Run, results: Iterator, progress: Progress, scratch: str, d
     return committer.progress
 
 
-def _summary_of_finished(run: Run, manifest: str) -> Summary:
+def _summary_of_finished(run: TaskRun, manifest: str) -> Summary:
     """A rerun of a finished run: its counts, once its settings (inputs included) are checked to be the same."""
     cfg = run.cfg
     provenance = read_manifest(manifest).provenance

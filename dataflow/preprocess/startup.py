@@ -20,7 +20,7 @@ from dataflow.formats.manifest import read_manifest
 from dataflow.preprocess.config import framed_meta, framing_of, tokenizer_identity
 from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
 from dataflow.preprocess.layout import OutputLayout
-from dataflow.preprocess.task import Run, TaskPlan
+from dataflow.preprocess.task import TaskRun, TaskPlan
 from dataflow.sources.pieces import splits_into_pieces
 from dataflow.sources import fields_word, first_record_fields, read_unit_blocks
 from dataflow.sources.records import Unit
@@ -35,7 +35,7 @@ FRAMING_BEFORE = {"bos": False, "bos_token": None, "eos_token": None, "special_t
 SAMPLE_BLOCK_BYTES = 1 << 18  # JSONL input per block when reading the input sample (its first ~128K characters)
 
 
-def refuse_if_different(run: Run, previous: dict[str, Any] | None, previous_inputs: list[Any] | None,
+def refuse_if_different(run: TaskRun, previous: dict[str, Any] | None, previous_inputs: list[Any] | None,
                         resuming: Progress | None = None) -> None:
     """A `ConfigError` when the work in the output was made with other output settings than `run`'s, or from
     other input files (`previous_inputs`, the list whose digest `previous` holds: added, removed or resized
@@ -96,7 +96,7 @@ def _inputs_changed(before: list[Any], now: list[list[Any]]) -> str:
     return "; ".join(parts) or "another order"
 
 
-def refuse_other_work(run: Run) -> None:
+def refuse_other_work(run: TaskRun) -> None:
     """Refuse to continue an interrupted run, or to write beside a finished one (with or without a val split),
     of other settings or inputs."""
     layout, journaled = run.layout, run.journaled
@@ -110,7 +110,7 @@ def refuse_other_work(run: Run) -> None:
     refuse_task_parts(run)
 
 
-def refuse_task_parts(run: Run) -> None:
+def refuse_task_parts(run: TaskRun) -> None:
     """Refuse a single run into a folder that holds task slices: a later `merge` would list those parts in the
     index.json this run writes, over it."""
     parts = run.layout.task_parts() if not run.layout.tasked else []
@@ -120,7 +120,7 @@ def refuse_task_parts(run: Run) -> None:
                           f"write this run elsewhere")
 
 
-def check_fields(run: Run) -> None:
+def check_fields(run: TaskRun) -> None:
     """Fail at once, not after --max-errors bad records, when the first record lacks the text field; or lacks an
     --id-field that was chosen (not the default `id`), which would silently give derived ids instead."""
     units, id_field = run.plan.units, run.cfg.id_field
@@ -177,7 +177,7 @@ def _sample_texts(units: list[Unit], cfg: ResolvedConfig, chars: int = SAMPLE_CH
     return texts
 
 
-def unit_spec(run: Run, tok: Tokenizer, engine: str) -> UnitSpec:
+def unit_spec(run: TaskRun, tok: Tokenizer, engine: str) -> UnitSpec:
     """What every bundle's worker needs to know (the tokenizer named, not shipped), the framing of the
     documents included: decided here, once, and kept on `tok` for the manifests (`finish.copy_tokenizer`)."""
     cfg, layout = run.cfg, run.layout
@@ -189,7 +189,7 @@ def unit_spec(run: Run, tok: Tokenizer, engine: str) -> UnitSpec:
                     piece_bytes=cfg.unit_bytes, bos_id=framing.bos_id, special_tokens=framing.special_tokens)
 
 
-def start_or_resume(run: Run) -> Progress:
+def start_or_resume(run: TaskRun) -> Progress:
     """The journaled progress of an interrupted run (its shards as listed, its error log as long as it was),
     or a fresh journal. Call it once the checks have passed (`ownership.remove_leftovers` ran before the
     workers started)."""

@@ -1,5 +1,5 @@
 """One task of a `dataflow tokenize` run, resolved once: its settings, where it writes, what it tokenizes and
-the journal it resumes (`Run`), which the start, the commit and the end all read instead of each being handed
+the journal it resumes (`TaskRun`), which the start, the commit and the end all read instead of each being handed
 the same pieces. The plan (`TaskPlan`) is the input's cut into units and bundles, and this task's bundles."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _display_names(files: list[str]) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class Run:
+class TaskRun:
     """What one task of a tokenize run holds, fixed at its start (`open_run`); the progress it makes is the
     committer's (`commit.Committer`)."""
 
@@ -72,8 +72,8 @@ class Run:
         return (self.journaled.next_unit, self.journaled.next_piece) if self.journaled else (0, 0)
 
 
-def open_run(cfg: ResolvedConfig, layout: OutputLayout, files: list[str], started: float, journal: bool = True) -> Run:
+def open_run(cfg: ResolvedConfig, layout: OutputLayout, files: list[str], started: float, journal: bool = True) -> TaskRun:
     """The run of this task over `files`: planned, and its journal (if any) read, unless `journal=False` (a fresh
     start: --overwrite checks the run before it removes the earlier one, journal included, damaged or not)."""
     plan = plan_task(cfg, files)
-    return Run(cfg, layout, files, plan, load_progress(layout.work) if journal else None, started)
+    return TaskRun(cfg, layout, files, plan, load_progress(layout.work) if journal else None, started)

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import pyarrow as pa
 
 from dataflow.errors import ConfigError
 from dataflow.tokenizers import bpe_convert
 from dataflow.tokenizers.bpe_convert import NotConvertible
-from dataflow.tokenizers.flat import Flat
+from dataflow.tokenizers.flat import Flat, Reference
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,6 @@ FAST_ENGINES = ("gigatoken", "tiktoken")  # the order --engine auto tries them i
 # Input text each process compares against `tokenizers` before it trusts a fast engine alone (~0.1 s).
 SAMPLE_CHARS = 1 << 17
 
-Reference = Callable[[list[str]], list[list[int]]]
 
 
 class FastEngine(Protocol):

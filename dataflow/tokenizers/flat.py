@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import array
 import itertools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from dataflow.formats import arrays
+
+# The reference an engine is proven against (`tokenizers` itself, hf_reference.py): texts -> each one's ids, as lists
+Reference = Callable[[list[str]], list[list[int]]]
 
 Flat = tuple[np.ndarray, np.ndarray]  # (values uint32, offsets int64 from 0)
 

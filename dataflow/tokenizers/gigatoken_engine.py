@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import re
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +34,9 @@ from dataflow.formats.atomic import atomic_open, write_json_atomic
 from dataflow.memory import release_freed_memory
 from dataflow.tokenizers import bpe_convert
 from dataflow.tokenizers.bpe_convert import NotConvertible
-from dataflow.tokenizers.flat import Flat, string_buffers
+from dataflow.tokenizers.flat import Flat, Reference, string_buffers
 
 log = logging.getLogger(__name__)
-Reference = Callable[[list[str]], list[list[int]]]
 
 # growth of the process (RSS) that makes the engine start afresh; DATAFLOW_GIGATOKEN_CACHE_MB overrides it
 CACHE_BUDGET_BYTES = int(env.number("DATAFLOW_GIGATOKEN_CACHE_MB", 256, minimum=1)) << 20

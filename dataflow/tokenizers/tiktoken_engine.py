@@ -24,12 +24,11 @@ import pyarrow as pa
 from dataflow.formats.atomic import write_json_atomic
 from dataflow.tokenizers import bpe_convert
 from dataflow.tokenizers.bpe_convert import Conversion, NotConvertible
-from dataflow.tokenizers.flat import Flat, flat_from_lists
+from dataflow.tokenizers.flat import Flat, Reference, flat_from_lists
 
 if TYPE_CHECKING:
     import tiktoken
 
-Reference = Callable[[list[str]], list[list[int]]]
 
 # bump when `convert` may derive other ranks, patterns or text rules: remembered ones are then unused
 CONVERSION_VERSION = 2
