@@ -236,6 +236,16 @@ def print_row(r: dict, flush: bool = False) -> None:
           f"{o['mb_cpu_s'] / hf['mb_cpu_s']:>12.1f} {o['mb_s'] / hf['mb_s']:>6.1f} | {framing:>15.2f}", flush=flush)
 
 
+def start_excluded(r: dict) -> float | None:
+    """Ours in MB of text per CPU-s with the fixed start cancelled (the run minus its tiny run, all processes' CPU);
+    None without a tiny run, or where the difference is within the noise (<= 0)."""
+    if "tiny" not in r:
+        return None
+    o, t = r["ours"], r["tiny"]
+    cpu = o["cpu_s"] - t["cpu_s"]
+    return (o["text_bytes"] - t["text_bytes"]) / 1e6 / cpu if cpu > 0 else None
+
+
 def cpu_lines(rows: list[dict]) -> list[str]:
     """The coordinator's and the workers' CPU-s per GB of text (whole run; marginal over the tiny run if any)."""
     lines = [f"{'family':<8} {'N':>2} {'coord CPU-s/GB':>14} {'workers CPU-s/GB':>16} {'coord share':>11}"
@@ -267,8 +277,8 @@ def goal_lines(rows: list[dict]) -> list[str]:
     for r in (r for r in rows if r["workers"] == 1):
         o, raw, hf = r["ours"], r["raw"], r["raw_tokenizers"]
         said = lambda x, bar: f"{x:.2f} ({'met' if x >= bar else 'NOT met'})"  # noqa: E731
-        if "marginal" in r:  # start excluded: the run minus the tiny run, all processes' CPU
-            steady = 1e3 / (r["marginal"]["coordinator_cpu_s_per_gb"] + r["marginal"]["workers_cpu_s_per_gb"])
+        steady = start_excluded(r)
+        if steady:
             lines.append(f"{r['corpus']:<5} {r['family']:<8} start excluded: ours {steady:.1f} MB/CPU-s = "
                          f"{steady / raw['mb_cpu_s']:.2f} of raw {r['engine']}, {steady / hf['mb_cpu_s']:.1f}x raw "
                          f"tokenizers")
@@ -306,11 +316,8 @@ def markdown(d: dict) -> list[str]:
               "---:|---:|---:|"]
     for r in rows:
         o, raw, hf = r["ours"], r["raw"], r["raw_tokenizers"]
-        steady = "-"
-        if "tiny" in r:
-            t = r["tiny"]
-            cpu = (o["cpu_s"] - t["cpu_s"]) / ((o["text_bytes"] - t["text_bytes"]) / 1e6)  # CPU-s per MB
-            steady = f"{1 / cpu / raw['mb_cpu_s']:.2f}" if cpu > 0 else "(noise)"
+        steady = start_excluded(r)
+        steady = "-" if "tiny" not in r else "(noise)" if steady is None else f"{steady / raw['mb_cpu_s']:.2f}"
         lines.append(f"| {r['corpus']} | {r['family']} | {r['engine']} | {r['workers']} | {o['mb_s']:.1f} | "
                      f"{o['mb_cpu_s'] / raw['mb_cpu_s']:.2f} | {o['mb_s'] / raw['mb_s']:.2f} | {steady} | "
                      f"{o['mb_cpu_s'] / hf['mb_cpu_s']:.1f}x | {(o['tokens'] - raw['tokens']) / max(o['docs'], 1):.2f} |")
