@@ -200,9 +200,9 @@ def start_or_resume(run: TaskRun) -> Progress:
     progress = run.journaled
     if progress is None:
         progress = Progress(settings=run.settings, claimed={})
-        with open(layout.errors, "w"):
+        save_progress(layout.work, progress)  # from here on, a rerun resumes; and the journal makes the log ours,
+        with open(layout.errors, "w"):  # so it goes first (a log alone would be refused as another tool's file)
             pass
-        save_progress(layout.work, progress)  # from here on, a rerun resumes
     else:
         progress.settings = run.settings
         _reopen_error_log(layout, progress.errors_log_bytes)
