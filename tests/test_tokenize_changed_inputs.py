@@ -53,6 +53,35 @@ def test_a_change_under_the_committed_units_is_refused(folder, tmp_path, where):
     assert f"holds work made from other input files ({said}); pass --overwrite" in p.stderr
 
 
+def edited_in_place(path):
+    """The same bytes but one letter, so the file keeps its size (a fix made with `sed -i`, say)."""
+    data = path.read_bytes()
+    at = data.index(b"LORD")
+    path.write_bytes(data[:at] + b"Lord" + data[at + 4:])
+
+
+def test_a_file_edited_in_place_under_the_committed_units_is_refused(folder, tmp_path):
+    src, _ = folder
+    killed_at(20, src, tmp_path / "out")  # b.jsonl is read whole by then
+    edited_in_place(src / "b.jsonl")
+    p = tokenize(src, "-o", tmp_path / "out", *ARGS)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "b.jsonl: written again since the interrupted run" in p.stderr and "--overwrite" in p.stderr, p.stderr
+    tokenize(src, "-o", tmp_path / "out", *ARGS, "--overwrite", check=True)
+    tokenize(src, "-o", tmp_path / "ref", *ARGS, check=True)
+    assert dataset_bytes(tmp_path / "out") == dataset_bytes(tmp_path / "ref")
+
+
+def test_a_file_edited_in_place_after_the_committed_units_resumes_to_a_fresh_runs_bytes(folder, tmp_path):
+    src, lines = folder
+    (src / "d.jsonl").write_bytes(b"".join(lines[:300]).replace(b'"id": "', b'"id": "d-'))
+    killed_at(3, src, tmp_path / "out")  # in b.jsonl: nothing of d.jsonl read yet
+    edited_in_place(src / "d.jsonl")
+    assert tokenize(src, "-o", tmp_path / "out", *ARGS).returncode == 0
+    tokenize(src, "-o", tmp_path / "ref", *ARGS, check=True)
+    assert dataset_bytes(tmp_path / "out") == dataset_bytes(tmp_path / "ref")
+
+
 def test_a_file_added_after_the_committed_units_resumes_to_a_fresh_runs_bytes(folder, tmp_path):
     src, lines = folder
     killed_at(20, src, tmp_path / "out")

@@ -22,6 +22,7 @@ from dataflow.formats.atomic import write_json_atomic
 
 JOURNAL_NAME = "journal.json"
 INPUTS_NAME = "inputs.json"
+VERSIONS_NAME = "input_versions.json"
 # 2: spills hold blocks of documents; 3: written record batches stay in the shard's temp file;
 # 4: workers write whole shards, the journal lists them (no open shard, no spill)
 JOURNAL_VERSION = 4
@@ -96,6 +97,22 @@ def load_inputs(work_dir: str) -> list[Any] | None:
     except (OSError, ValueError):
         return None
     return inputs if isinstance(inputs, list) else None
+
+
+def save_versions(work_dir: str, versions: dict[str, str | None]) -> None:
+    """Each input file's version (its name in ids -> modification time or ETag, `plan.file_facts`) beside the
+    journal, written with `save_inputs`: a file edited in place to the same size has another one."""
+    write_json_atomic(os.path.join(work_dir, VERSIONS_NAME), versions)
+
+
+def load_versions(work_dir: str) -> dict[str, Any] | None:
+    """What `save_versions` wrote, or None when it is missing (a run of before it) or unreadable."""
+    try:
+        with open(os.path.join(work_dir, VERSIONS_NAME)) as f:
+            versions = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return versions if isinstance(versions, dict) else None
 
 
 def input_digest(inputs: list[list[Any]]) -> dict[str, Any]:

@@ -13,6 +13,9 @@ boundaries, so `unit_bytes` is an output setting.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import fsspec
 
 from dataflow.sources import input_kind, read_ahead, spans, splits_into_pieces
@@ -21,13 +24,30 @@ from dataflow.sources.records import Unit
 DEFAULT_UNIT_BYTES = 32 * 1024 * 1024
 
 
+# what an object store or HTTP server says changes when an object is written again, first found first taken
+_VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "LastModified", "last_modified", "updated", "mtime")
+
+
 def file_sizes(files: list[str]) -> list[int]:
     """Bytes of each input (one metadata request per remote file)."""
-    sizes = []
+    return [size for size, _ in file_facts(files)]
+
+
+def file_facts(files: list[str]) -> list[tuple[int, str | None]]:
+    """(bytes, version) of each input, from one metadata request per remote file. The version is what changes
+    when the file is written again, even to the same size: a local file's modification time in nanoseconds, an
+    object's ETag (or generation, or last-modified time); None where the store tells none."""
+    facts = []
     for file in files:
         fs, path = fsspec.core.url_to_fs(file)
-        sizes.append(int(fs.size(path) or 0))
-    return sizes
+        if "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)):
+            st = os.stat(path)
+            facts.append((st.st_size, f"mtime_ns={st.st_mtime_ns}"))
+            continue
+        info: dict[str, Any] = fs.info(path)
+        key = next((k for k in _VERSION_KEYS if info.get(k) not in (None, "")), None)
+        facts.append((int(info.get("size") or 0), None if key is None else f"{key}={info[key]}"))
+    return facts
 
 
 def plan_units(files: list[str], unit_bytes: int = DEFAULT_UNIT_BYTES, sizes: list[int] | None = None,

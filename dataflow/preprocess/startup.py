@@ -18,7 +18,8 @@ from dataflow.errors import ConfigError
 from dataflow.formats.remote_errors import explain
 from dataflow.formats.manifest import read_manifest
 from dataflow.preprocess.config import framed_meta, framing_of, tokenizer_identity
-from dataflow.preprocess.journal import Progress, load_inputs, save_inputs, save_progress
+from dataflow.preprocess.journal import (Progress, load_inputs, load_versions, save_inputs, save_progress,
+                                         save_versions)
 from dataflow.preprocess.layout import OutputLayout
 from dataflow.preprocess.task import TaskRun, TaskPlan
 from dataflow.sources.pieces import splits_into_pieces
@@ -84,6 +85,28 @@ def _resumable(plan: TaskPlan, before: list[Any], progress: Progress) -> bool:
     return grown and splits_into_pieces(plan.units[first])
 
 
+def refuse_edited(run: TaskRun, before: dict[str, Any] | None) -> None:
+    """A `ConfigError` when a file that the interrupted run has committed units of was written again since, to
+    the same size (a resize is `refuse_if_different`'s): its units in the dataset hold the old text and the rest
+    would be read from the new. `before`: the versions the run saved (None for a run of before them: unchecked)."""
+    if not before:
+        return
+    progress, plan = run.journaled, run.plan
+    assert progress is not None
+    read = {u.name for u in plan.units[:progress.next_unit]}
+    if progress.next_piece and progress.next_unit < len(plan.units):
+        read.add(plan.units[progress.next_unit].name)
+    sizes = dict((name, size) for name, size in plan.inputs)
+    previous = dict((tuple(x)[0], tuple(x)[-1]) for x in load_inputs(run.layout.work) or [] if isinstance(x, list) and x)
+    for name, version in plan.versions.items():
+        was = before.get(name)
+        if name in read and was is not None and version is not None and was != version and \
+                previous.get(name, sizes[name]) == sizes[name]:
+            raise ConfigError(f"{name}: written again since the interrupted run in {run.cfg.out} read part of it "
+                              f"(same size, {was} then, {version} now), so its output would mix old and new text; "
+                              f"restore the file as it was, or pass --overwrite to start again from it as it is")
+
+
 def _inputs_changed(before: list[Any], now: list[list[Any]]) -> str:
     """What differs between two input lists ([name, bytes] each), in a few words."""
     old = {tuple(x)[0]: tuple(x)[-1] for x in before if isinstance(x, (list, tuple)) and x}
@@ -102,6 +125,7 @@ def refuse_other_work(run: TaskRun) -> None:
     layout, journaled = run.layout, run.journaled
     if journaled is not None:
         refuse_if_different(run, journaled.settings, load_inputs(layout.work), resuming=journaled)
+        refuse_edited(run, load_versions(layout.work))
         return
     for manifest in layout.manifests_either_layout():
         if layout.exists(manifest):
@@ -197,6 +221,7 @@ def start_or_resume(run: TaskRun) -> Progress:
     os.makedirs(layout.work, exist_ok=True)
     layout.make_split_dirs()
     save_inputs(layout.work, run.plan.inputs)  # the inputs as they are now (see `_resumable`)
+    save_versions(layout.work, run.plan.versions)  # and their versions (see `refuse_edited`)
     progress = run.journaled
     if progress is None:
         progress = Progress(settings=run.settings, claimed={})

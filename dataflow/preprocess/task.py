@@ -12,7 +12,7 @@ from typing import Any
 from dataflow.preprocess.config import ResolvedConfig
 from dataflow.preprocess.journal import Progress, load_progress
 from dataflow.preprocess.layout import OutputLayout
-from dataflow.preprocess.plan import bundle_units, file_sizes, plan_units
+from dataflow.preprocess.plan import bundle_units, file_facts, plan_units
 from dataflow.sources.records import Unit
 
 
@@ -24,6 +24,7 @@ class TaskPlan:
     bundles: list[list[Unit]]  # this task's
     task_bundles: tuple[int, int]  # which bundles of the whole input those are: [lo, hi)
     inputs: list[list[Any]]  # every input file as [its name in ids, its bytes]: what a resume must find again
+    versions: dict[str, str | None]  # each input's version by its name in ids (`plan.file_facts`): an edit in place
 
     @property
     def task_units(self) -> list[Unit]:
@@ -32,12 +33,14 @@ class TaskPlan:
 
 def plan_task(cfg: ResolvedConfig, files: list[str]) -> TaskPlan:
     """Cut the input into units and bundles (by the input and the output settings only), and take this task's."""
-    sizes, names = file_sizes(files), _display_names(files)
+    facts, names = file_facts(files), _display_names(files)
+    sizes = [size for size, _ in facts]
     units = plan_units(files, cfg.unit_bytes, sizes, names)
     bundles = bundle_units(units, cfg.unit_bytes)
     lo = cfg.task_index * len(bundles) // cfg.num_tasks
     hi = (cfg.task_index + 1) * len(bundles) // cfg.num_tasks
-    return TaskPlan(units, bundles[lo:hi], (lo, hi), [[names[f], size] for f, size in zip(files, sizes)])
+    return TaskPlan(units, bundles[lo:hi], (lo, hi), [[names[f], size] for f, size in zip(files, sizes)],
+                    {names[f]: version for f, (_, version) in zip(files, facts)})
 
 
 def _display_names(files: list[str]) -> dict[str, str]:
