@@ -124,3 +124,33 @@ def test_a_single_run_into_a_folder_of_task_slices_is_refused(folder, tmp_path):
     p = tokenize(src, "-o", out, *ARGS)
     assert p.returncode == 2 and f"{out} holds the task slices of a --num-tasks run (part-00000)" in p.stderr, p.stderr
     tokenize(src, "-o", out, *ARGS, "--num-tasks", "2", "--task-index", "1", check=True)  # the slices go on
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_overwrite_replaces_task_slices_with_a_single_runs_dataset(folder, tmp_path, merged):
+    src, _ = folder
+    out = tmp_path / "out"
+    for k in range(2):
+        tokenize(src, "-o", out, *ARGS, "--num-tasks", "2", "--task-index", str(k), check=True)
+    if merged:
+        subprocess.run([*DATAFLOW, "merge", str(out)], check=True, capture_output=True)
+    (out / "notes.txt").write_text("mine")  # not a name a run writes: stays
+    p = tokenize(src, "-o", out, *ARGS, "--overwrite")  # refused before: "run `dataflow merge` on them"
+    assert p.returncode == 0, p.stderr
+    tokenize(src, "-o", tmp_path / "ref", *ARGS, check=True)
+    got = dataset_bytes(out)
+    assert got.pop("notes.txt") == b"mine" and got == dataset_bytes(tmp_path / "ref")
+    left = sorted(str(f.relative_to(out)) for f in out.rglob("*"))
+    assert left == sorted(["notes.txt", *(f.name for f in (tmp_path / "ref").iterdir())]), left  # no slice left
+
+
+def test_overwrite_of_task_slices_holding_a_file_not_ours_removes_nothing(folder, tmp_path):
+    src, _ = folder
+    out = tmp_path / "out"
+    for k in range(2):
+        tokenize(src, "-o", out, *ARGS, "--num-tasks", "2", "--task-index", str(k), check=True)
+    (out / "part-00001" / "shard-00099.arrow").write_bytes(b"someone else's")
+    before = sorted(out.rglob("*"))
+    p = tokenize(src, "-o", out, *ARGS, "--overwrite")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "part-00001/shard-00099.arrow" in p.stderr, p.stderr
+    assert sorted(out.rglob("*")) == before

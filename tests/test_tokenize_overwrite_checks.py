@@ -44,10 +44,13 @@ def test_a_merged_dataset_survives_a_refused_single_run_overwrite(kjv, tmp_path)
     for task in (0, 1):
         assert run("tokenize", kjv, "-o", out, "--num-tasks", "2", "--task-index", task).returncode == 0
     assert subprocess.run([*DATAFLOW, "merge", str(out)], capture_output=True).returncode == 0
-    before = files(out)
+    (out / "part-00001" / "shard-00099.arrow").write_bytes(b"not ours")  # an overwrite replaces the slices, but
+    before = files(out)  # never what no manifest or journal of ours lists: refused, with nothing removed
     p = run("tokenize", kjv, "-o", out, "--overwrite")
-    assert p.returncode == 2 and "task slices" in p.stderr
-    assert files(out) == before and run("verify", out).returncode == 0
+    assert p.returncode == 2 and "part-00001/shard-00099.arrow: a file this run would write" in p.stderr, p.stderr
+    (out / "part-00001" / "shard-00099.arrow").unlink()
+    assert files(out) == [f for f in before if f != "part-00001/shard-00099.arrow"]
+    assert run("verify", out).returncode == 0
 
 
 def test_an_overwrite_that_passes_its_checks_replaces_the_dataset(dataset, kjv, tmp_path):

@@ -212,18 +212,23 @@ def list_names(folder: str) -> list[str]:
         raise ConfigError(f"{folder}: is a file where the dataset's folder goes; choose another -o") from None
 
 
-def replace_earlier(layout: OutputLayout) -> None:
-    """--overwrite: this task's earlier dataset and work go, in either layout; refused first, with nothing
-    removed, when a file under one of the names the run writes is not ours."""
-    try:
-        journaled = load_progress(layout.work)
-    except ConfigError:  # damaged: the run was ours, its shards are those of its numbering
-        journaled = Progress(settings={})
-    mine = owned(layout, journaled)
-    refuse_foreign(layout, mine)
-    remove_owned(layout, mine)
-    shutil.rmtree(layout.work, ignore_errors=True)
-    output.remove(layout.errors)  # the log of an unfinished run (an object store's is local; a folder's, ours)
+def replace_earlier(layouts: list[OutputLayout]) -> None:
+    """--overwrite: the earlier dataset and work of these tasks' layouts (this task's; for a single run, also
+    those of the task slices it replaces) go, in either layout; refused first, with nothing removed, when a file
+    under one of the names a run writes is not ours."""
+    found = []
+    for layout in layouts:
+        try:
+            journaled = load_progress(layout.work)
+        except ConfigError:  # damaged: the run was ours, its shards are those of its numbering
+            journaled = Progress(settings={})
+        mine = owned(layout, journaled)
+        refuse_foreign(layout, mine)
+        found.append((layout, mine))
+    for layout, mine in found:
+        remove_owned(layout, mine)
+        shutil.rmtree(layout.work, ignore_errors=True)
+        output.remove(layout.errors)  # the log of an unfinished run (an object store's is local; a folder's, ours)
 
 
 def forget_fresh_start(layout: OutputLayout) -> None:

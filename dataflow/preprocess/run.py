@@ -17,9 +17,11 @@ This module only wires those together.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -80,7 +82,7 @@ def tokenize(config: TokenizeConfig) -> Summary:
             tok = None
             if cfg.overwrite:  # a run refused by its checks removes nothing: they pass before the earlier dataset goes
                 tok = _check_before_replacing(open_run(cfg, layout, files, started, journal=False))
-                ownership.replace_earlier(layout)
+                _replace_earlier(cfg, layout)
             return _tokenize(open_run(cfg, layout, files, started), tok)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -150,11 +152,33 @@ def _exclusive_lock(path: str) -> Iterator[bool]:
 
 def _check_before_replacing(run: TaskRun) -> Tokenizer:
     """--overwrite: the checks that refuse a run before its first write (the tokenizer loads and is proven, the
-    input has the fields, no task slices lie in the way), made before the earlier dataset is removed; the
-    tokenizer, which the run then uses. Its settings need not match the dataset it replaces."""
-    startup.refuse_task_parts(run)
+    input has the fields), made before the earlier dataset is removed; the tokenizer, which the run then uses.
+    Its settings need not match the dataset it replaces."""
     startup.check_fields(run)
     return startup.proven_tokenizer(run.cfg)
+
+
+def _replace_earlier(cfg: ResolvedConfig, layout: OutputLayout) -> None:
+    """--overwrite: this task's earlier dataset and work go, and for a single run the task slices it replaces,
+    each under its own run lock (a slice's run still writing is refused, not removed under it)."""
+    slices = _slices_replaced(cfg, layout)
+    with contextlib.ExitStack() as held:
+        for other in slices:
+            if other.work != layout.work and not held.enter_context(_exclusive_lock(other.work + ".lock")):
+                raise ConfigError(f"{cfg.out}: a `dataflow tokenize --num-tasks` run is writing its task slice "
+                                  f"{other.part}; wait for it to finish before replacing it with --overwrite")
+        ownership.replace_earlier([layout, *slices])
+
+
+def _slices_replaced(cfg: ResolvedConfig, layout: OutputLayout) -> list[OutputLayout]:
+    """--overwrite of a single run over the task slices of a --num-tasks run (merged or not): their layouts, so
+    that what each slice's manifest and journal list goes with the rest (a slice holding files not ours is
+    refused, as a dataset is)."""
+    if layout.tasked:
+        return []
+    tasks = sorted({int(m.group(1)) for part in layout.task_parts()
+                    if (m := re.fullmatch(r"part-(\d+)", os.path.basename(part)))})
+    return [layout_of(dataclasses.replace(cfg, num_tasks=max(tasks[-1] + 1, 2), task_index=k)) for k in tasks]
 
 
 def _tokenize(run: TaskRun, tok: Tokenizer | None = None) -> Summary:

@@ -140,8 +140,8 @@ def refuse_task_parts(run: TaskRun) -> None:
     parts = run.layout.task_parts() if not run.layout.tasked else []
     if parts:
         raise ConfigError(f"{run.cfg.out} holds the task slices of a --num-tasks run ({', '.join(parts[:2])}"
-                          f"{', ...' if len(parts) > 2 else ''}); run `dataflow merge {run.cfg.out}` on them, or "
-                          f"write this run elsewhere")
+                          f"{', ...' if len(parts) > 2 else ''}); run `dataflow merge {run.cfg.out}` on them (if not "
+                          f"done yet), pass --overwrite to replace them with this run, or write it elsewhere")
 
 
 def check_fields(run: TaskRun) -> None:
