@@ -9,31 +9,15 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
-import zstandard
 
-from conftest import KJV
-from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
+from support.loading import kjv_data  # noqa: F401  (the fixture: KJV documents as byte tokens)
+from dataflow import StreamingDataLoader, StreamingDataset
 from dataflow.audit.replay import audit_folder
 from dataflow.cli import main
 
 SEQ, BATCH = 64, 4
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def kjv_data(tmp_path_factory):
-    """The first 100 documents of the KJV as byte tokens: about 2,200 samples of 65 tokens."""
-    with open(KJV, "rb") as f:
-        lines = zstandard.ZstdDecompressor().stream_reader(f).read().splitlines()[:100]
-    out = tmp_path_factory.mktemp("kjv") / "data"
-    meta = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
-    with ShardWriter(str(out), tokenizer_meta=meta, shard_size="32KB") as w:
-        for line in lines:
-            record = json.loads(line)
-            w.write(np.frombuffer(record["text"].encode(), np.uint8).astype(np.uint16), id=record["id"])
-    return str(out)
 
 
 def loaders(data, audit, world, state=None, workers=0):

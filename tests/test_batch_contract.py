@@ -14,7 +14,7 @@ from collections import deque
 import pytest
 import torch
 
-from conftest import write_counting_dataset
+from support.data import write_counting_dataset
 from dataflow import ConfigError, DataflowError, DevicePrefetcher, StreamingDataLoader, StreamingDataset
 
 SEQ, B = 127, 4

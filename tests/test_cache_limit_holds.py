@@ -17,7 +17,7 @@ import torch
 from dataflow import ConfigError, ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
 from dataflow.formats.manifest import read_manifest
 from dataflow.loading.decoded import size_estimate
-from http_files import serve
+from support.http_files import serve
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 SEQ, B, WINDOW = 127, 8, 2

@@ -9,7 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from convert_support import convert, documents, one_line_error
+from support.convert import convert, documents, one_line_error
 
 from dataflow.cli import build_parser, main
 from dataflow.formats.manifest import read_manifest

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from convert_support import convert, documents, kjv_gpt2, one_line_error
+from support.convert import convert, documents, kjv_gpt2, one_line_error
 
 from dataflow import ShardWriter, TokenizerMeta
 from dataflow.formats.manifest import read_manifest

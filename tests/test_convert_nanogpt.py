@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from convert_support import convert, documents, kjv_gpt2, one_line_error
+from support.convert import convert, documents, kjv_gpt2, one_line_error
 
 from dataflow import ShardWriter, TokenizerMeta
 from dataflow.formats.manifest import read_manifest

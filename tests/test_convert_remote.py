@@ -10,8 +10,8 @@ import uuid
 import fsspec
 import numpy as np
 import pytest
-from convert_support import convert, one_line_error
-from s3_server import moto_s3
+from support.convert import convert, one_line_error
+from support.s3_server import moto_s3
 
 from dataflow.cli import main
 

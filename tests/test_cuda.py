@@ -7,7 +7,7 @@ what these only assert.
 import pytest
 import torch
 
-from conftest import write_counting_dataset
+from support.data import write_counting_dataset
 from dataflow import DevicePrefetcher, StreamingDataLoader, StreamingDataset
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -20,7 +20,7 @@ from dataflow.cli import main
 from dataflow.formats import remote
 from dataflow.formats.manifest import read_manifest
 from dataflow.loading.storage import Storage
-from http_files import _Files, serve
+from support.http_files import _Files, serve
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 

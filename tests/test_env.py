@@ -12,7 +12,7 @@ import pytest
 
 from dataflow import StreamingDataset, env
 from dataflow.errors import ConfigError
-from tests.conftest import KJV, write_counting_dataset
+from support.data import KJV, write_counting_dataset
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

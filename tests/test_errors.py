@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import KJV
+from support.data import KJV
 from dataflow.cli import main
 from dataflow.errors import (ConfigError, CredentialsError, DataflowError, MissingDependencyError,
                              NotADatasetError, UnreachableError)

@@ -13,6 +13,7 @@ import zstandard
 
 from dataflow import ConfigError, FormatError, ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
 from dataflow.formats.manifest import read_manifest
+from support.data import edit_manifest
 
 SEQ = 16
 
@@ -23,15 +24,6 @@ def write(out, vocab: int, tokens: np.ndarray, docs: int = 20, **kw) -> str:
         for doc in np.array_split(tokens, docs):
             w.write(doc)
     return str(out)
-
-
-def edit_manifest(path: str, change) -> None:
-    index = os.path.join(path, "index.json")
-    with open(index) as f:
-        d = json.load(f)
-    change(d)
-    with open(index, "w") as f:
-        json.dump(d, f)
 
 
 def drain(path: str, workers: int = 0) -> None:

@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import write_random_dataset
+from support.data import write_random_dataset
 from dataflow.formats.manifest import read_manifest
 
 

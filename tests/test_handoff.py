@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import write_counting_dataset
+from support.data import write_counting_dataset
 from dataflow import DataflowError, StreamingDataLoader, StreamingDataset
 from dataflow import WorkerDied
 

@@ -15,7 +15,7 @@ import torch
 
 from dataflow import FormatError, ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
 from dataflow.formats import remote
-from http_files import serve
+from support.http_files import serve
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 SEQ = 16

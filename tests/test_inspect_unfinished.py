@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-import tokenize_kill_points as kill_points
-from conftest import KJV
+from support import kill_points
+from support.data import KJV
 from dataflow.formats.manifest import TOKENIZE_WORK_DIR
 from dataflow.preprocess.layout import WORK_DIR
 

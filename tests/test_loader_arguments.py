@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_counting_dataset
+from support.data import write_counting_dataset
 from dataflow import ConfigError, StreamingDataLoader, StreamingDataset
 from dataflow.loading.storage import Storage
 

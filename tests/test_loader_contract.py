@@ -14,7 +14,7 @@ from dataflow.errors import ConfigError, DataflowError
 from dataflow.loading.contract import BatchSource, FillReport, SampleSource
 from dataflow.loading.cursor import Cursor
 from dataflow.loading.stages import STAGES, TOTALS
-from tests.conftest import write_counting_dataset
+from support.data import write_counting_dataset
 
 OLD = pathlib.Path(__file__).parent / "old_states" / "d25c0a6"  # dataset and states written by d25c0a6
 L, B, N = 8, 4, 42

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import write_random_dataset
+from support.data import write_random_dataset
 from dataflow import FormatError, StreamingDataLoader, StreamingDataset
 
 

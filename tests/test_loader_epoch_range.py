@@ -5,7 +5,7 @@ the limit (a mixing state with epoch 2^62 was an OverflowError traceback); every
 
 import pytest
 
-from conftest import write_random_dataset
+from support.data import write_random_dataset
 from dataflow import ConfigError, StreamingDataLoader, StreamingDataset
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from test_tokenize_no_pandas import HOOK
+from support.no_pandas import HOOK
 
 pytest.importorskip("pandas")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

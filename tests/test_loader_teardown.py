@@ -5,7 +5,7 @@ including inside a thread's start-up while it holds threading's own locks, where
 import threading
 
 from dataflow import StreamingDataLoader, StreamingDataset
-from tests.conftest import write_counting_dataset
+from support.data import write_counting_dataset
 
 
 def test_a_dropped_storage_joins_no_thread(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dataflow import ConfigError, StreamingDataLoader, StreamingDataset
-from test_audit import kjv_data  # noqa: F401  (the fixture: KJV documents as byte tokens)
+from support.loading import kjv_data  # noqa: F401  (the fixture: KJV documents as byte tokens)
 
 HANG_S = 3.0
 _calls = {"n": 0}

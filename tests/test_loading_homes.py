@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from conftest import write_counting_dataset
+from support.data import write_counting_dataset
 from dataflow import DevicePrefetcher, StreamingDataLoader, StreamingDataset
 from dataflow.loading import contract, cursor, plan
 from dataflow.profiling.session import RunSettings, held_batches, memory_estimate_mb

@@ -17,9 +17,9 @@ from dataflow.cli import main
 from dataflow.formats import manifest as manifest_mod
 from dataflow.formats.manifest_bounds import manifest_max_bytes
 from dataflow.formats import remote
-from http_files import _Files as Files
-from http_files import serve
-from test_faults import edit_manifest
+from support.http_files import _Files as Files
+from support.http_files import serve
+from support.data import edit_manifest
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 READERS = ("verify", "inspect", "decode")

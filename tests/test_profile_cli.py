@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import write_random_dataset
+from support.data import write_random_dataset
 from dataflow.cli import main as dataflow_main
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import write_random_dataset
+from support.data import write_random_dataset
 from dataflow import DevicePrefetcher, StarvationMonitor, StreamingDataLoader, StreamingDataset
 from dataflow.errors import ConfigError
 from dataflow.loading.contract import StageFigures, StageSnapshot

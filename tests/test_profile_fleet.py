@@ -7,34 +7,15 @@ server (each shard answers after 0.3 s)."""
 import json
 import time
 
-import pytest
 
 from dataflow import StarvationMonitor, StreamingDataLoader, StreamingDataset
 from dataflow.cli import main
 from dataflow.loading.stages import STAGES
 from dataflow.profiling.fleet import format_fleet
-from http_files import _Files, serve
-from test_audit import kjv_data  # noqa: F401  (the fixture: KJV documents as byte tokens)
-
-
-class _Slow(_Files):
-    def _file(self):
-        if self.command == "GET" and ".arrow" in self.path:
-            time.sleep(0.3)
-        return super()._file()
-
-
-@pytest.fixture()
-def small_shards(tmp_path, kjv_data):  # noqa: F811
-    """The KJV documents again, in uncompressed 8 KB shards (a new shard every few batches, no decode stage)."""
-    from dataflow import ShardWriter
-
-    ds = StreamingDataset(kjv_data)
-    out = tmp_path / "small"
-    with ShardWriter(str(out), tokenizer_meta=ds.tokenizer, shard_size="8KB", compression="none") as w:
-        for i in range(ds.num_samples):
-            w.write(ds[i]["tokens"].numpy().astype("uint16"))
-    return str(out)
+from support.http_files import serve
+from support.loading import kjv_data  # noqa: F401  (the fixture: KJV documents as byte tokens)
+from support.loading import small_shards  # noqa: F401  (the fixture: uncompressed 8 KB KJV shards)
+from support.http_files import _Slow
 
 
 def _rank(data, run_dir, monkeypatch, rank, workers, step_s):

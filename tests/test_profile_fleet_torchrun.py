@@ -13,9 +13,10 @@ import pytest
 
 from dataflow.audit.replay import audit_folder
 from dataflow.profiling.fleet import fleet_report
-from http_files import serve
-from test_audit import kjv_data  # noqa: F401  (small_shards is made from it)
-from test_profile_fleet import _Slow, small_shards  # noqa: F401  (the fixture: uncompressed 8 KB KJV shards)
+from support.http_files import serve
+from support.loading import kjv_data  # noqa: F401  (small_shards is made from it)
+from support.http_files import _Slow
+from support.loading import small_shards  # noqa: F401  (the fixture: uncompressed 8 KB KJV shards)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import write_random_dataset
+from support.data import write_random_dataset
 from dataflow import StarvationMonitor, StreamingDataLoader, StreamingDataset
 from dataflow.loading.shards import OpenShard
 from dataflow.profiling.consumers import sleeper

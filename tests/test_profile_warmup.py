@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from conftest import write_random_dataset
+from support.data import write_random_dataset
 from dataflow import StarvationMonitor
 from dataflow.cli import main
 

@@ -11,7 +11,7 @@ import pytest
 
 from dataflow import ShardWriter, StorageError, StreamingDataLoader, StreamingDataset, TokenizerMeta
 from dataflow.formats import remote
-from http_files import _Files, serve
+from support.http_files import _Files, serve
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 GARBAGE = b"\x00\x01garbage from the server\n" * 4000

@@ -11,12 +11,12 @@ import subprocess
 
 import pytest
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.cli import main
 from dataflow.formats import remote
-from http_files import serve
-from s3_server import moto_s3
-from test_tokenize_scale import DATAFLOW
+from support.http_files import serve
+from support.s3_server import moto_s3
+from support.cli import DATAFLOW
 
 
 @pytest.fixture(scope="module")

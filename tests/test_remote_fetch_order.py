@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
-from http_files import _Files, serve
-from s3_server import moto_s3
+from support.http_files import _Files, serve
+from support.s3_server import moto_s3
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 SEQ, B = 127, 8

@@ -10,7 +10,7 @@ import sys
 
 import zstandard
 
-from conftest import GPT2_JSON, GPT2_TIKTOKEN, KJV
+from support.data import GPT2_JSON, GPT2_TIKTOKEN, KJV
 from tools import repo_data
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -48,16 +48,18 @@ def test_no_source_refers_to_a_shared_folder_beside_the_checkout():
 
 
 def test_the_data_resolves_from_a_copy_of_the_tests_with_nothing_beside_it(tmp_path):
-    """conftest and repo_data run from a copy of the repository whose parent holds nothing else."""
+    """The tests' data module (support/data.py) and repo_data run from a copy of the repository whose parent holds
+    nothing else."""
     copy = tmp_path / "clone"
     (copy / "tests" / "data").mkdir(parents=True)
     (copy / "tools").mkdir()
-    for rel in ("tests/conftest.py", "tools/repo_data.py"):
+    (copy / "tests" / "support").mkdir()
+    for rel in ("tests/conftest.py", "tests/support/__init__.py", "tests/support/data.py", "tools/repo_data.py"):
         (copy / rel).write_bytes((ROOT / rel).read_bytes())
     shutil.copytree(repo_data.DATA, copy / "tests" / "data", dirs_exist_ok=True)
-    code = ("import sys; sys.path.insert(0, 'tests'); import conftest; "
-            "print(conftest.KJV.exists(), conftest.GPT2_JSON.exists(), conftest.GPT2_TIKTOKEN.exists(), "
-            "conftest.KJV.resolve().is_relative_to(__import__('pathlib').Path.cwd()))")
+    code = ("import sys; sys.path.insert(0, 'tests'); import conftest; from support import data; "
+            "print(conftest.KJV.exists(), data.GPT2_JSON.exists(), data.GPT2_TIKTOKEN.exists(), "
+            "data.KJV.resolve().is_relative_to(__import__('pathlib').Path.cwd()))")
     r = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True"] * 4

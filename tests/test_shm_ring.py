@@ -8,7 +8,7 @@ allocation fail the way it does when /dev/shm is full.
 import pytest
 import torch
 
-from conftest import write_counting_dataset
+from support.data import write_counting_dataset
 from dataflow import ConfigError, StreamingDataLoader, StreamingDataset
 from dataflow.loading import ring
 

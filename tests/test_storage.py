@@ -23,7 +23,7 @@ from dataflow.formats.manifest import ShardInfo, read_manifest
 from dataflow.formats import remote
 from dataflow.loading import storage as storage_mod
 from dataflow.loading.storage import Storage, StorageError
-from s3_server import moto_s3
+from support.s3_server import moto_s3
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 SEQ = 32

@@ -15,15 +15,15 @@ import pytest
 import tiktoken
 import zstandard
 
-from conftest import GPT2_JSON, GPT2_TIKTOKEN
+from support.data import GPT2_JSON, GPT2_TIKTOKEN
 from dataflow.cli import main
 from dataflow.errors import ConfigError
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.reader import iter_documents
 from dataflow.tokenizers import tiktoken_files, tiktoken_names
 from dataflow.tokenizers.load import load_tokenizer
-from test_tokenizer_files import TEXTS, rank_lines, registry, small_ranks, write_tiktoken
-from test_tokenizers import reference_ids
+from support.tiktoken_files import TEXTS, rank_lines, registry, small_ranks, write_tiktoken
+from support.reference import reference_ids
 
 URLS = {name: f"https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
         for name in ("r50k_base", "p50k_base", "cl100k_base", "o200k_base")}

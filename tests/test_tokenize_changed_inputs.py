@@ -10,8 +10,8 @@ import subprocess
 import pytest
 import zstandard
 
-import tokenize_kill_points as kill_points
-from test_tokenize_scale import DATAFLOW, dataset_bytes
+from support import kill_points
+from support.cli import DATAFLOW, dataset_bytes
 
 ARGS = ["--no-progress", "--unit-size", "64KB", "--shard-size", "64KB", "--workers", "1"]
 

@@ -11,14 +11,14 @@ import bz2
 import gzip
 import json
 import lzma
-import signal
 import subprocess
 
 import pytest
 import zstandard
 
-import tokenize_kill_points as kill_points
-from test_tokenize_scale import DATAFLOW, dataset_bytes
+from support.cli import DATAFLOW, dataset_bytes
+from support.cli import same_data
+from support.kill_points import kill_at_pieces
 
 COMPRESS = {".zst": lambda b: zstandard.ZstdCompressor(level=3).compress(b), ".gz": gzip.compress,
             ".bz2": bz2.compress, ".xz": lzma.compress}
@@ -31,17 +31,6 @@ def kjv_lines(kjv) -> list[bytes]:
     lines.insert(700, b"not json\n")  # bad records deep inside the file: in a later piece
     lines.insert(1100, b'{"id": "x", "title": "no text"}\n')
     return lines
-
-
-def same_data(out) -> dict[str, bytes]:
-    """Every file of a dataset, its manifest without the input names (which differ by suffix here)."""
-    files = dataset_bytes(out)
-    manifest = json.loads(files["index.json"])
-    manifest["provenance"].pop("inputs")
-    manifest["provenance"].pop("input_files")
-    manifest["provenance"]["settings"].pop("inputs")
-    files["index.json"] = json.dumps(manifest, sort_keys=True).encode()
-    return files
 
 
 def run(src, out, *extra, check=True):
@@ -95,16 +84,6 @@ def test_kill_9_in_the_middle_of_a_compressed_file_resumes_to_the_same_bytes(tmp
     run(src, out, "--workers", "1", "--no-progress")
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert not (out / "_work").exists()
-
-
-def kill_at_pieces(args: list, journal, pieces: tuple[int, ...]) -> None:
-    """Run `dataflow *args` once per number in `pieces`, each resuming the one before and killed once that many
-    pieces of the first file are committed."""
-    for piece in pieces:
-        p = subprocess.run(kill_points.command({"next_piece": piece}, *args), capture_output=True, text=True)
-        assert p.returncode == -signal.SIGKILL, p.stderr
-        progress = json.loads(journal.read_text())
-        assert (progress["next_unit"], progress["next_piece"]) == (0, piece), progress
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 import zstandard
 
-import tokenize_kill_points as kill_points
-from conftest import GPT2_JSON
+from support import kill_points
+from support.data import GPT2_JSON
 from dataflow.errors import InputError
 from dataflow.preprocess import startup
 from dataflow.preprocess.plan import plan_units
 from dataflow.sources import cut_process, expand, read_bundles
 from dataflow.preprocess.run import TokenizeConfig, tokenize
-from test_tokenize_compressed import run, same_data
+from support.cli import same_data
+from test_tokenize_compressed import run
 
 PIECE = 64 << 10
 

@@ -10,18 +10,13 @@ import shutil
 
 import pytest
 
-from dataflow.cli import main
-from tests.conftest import GPT2_JSON
-from tests.test_tokenize_scale import dataset_bytes
+from support.data import GPT2_JSON
+from support.cli import dataset_bytes
+from support.cli import tokenize, decoded
+from support.data import texts, token_ids
 
 datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()
-
-WORDS = ["alpha", "beta", "γάμμα", "delta 42", "<|endoftext|>", "  spaces  ", "line\nbreak", "emoji 🙂", ""]
-
-
-def texts(n: int) -> list[str]:
-    return [" ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(i % 13)) for i in range(n)]
 
 
 def save(folder, n: int = 2600, shards: int = 3, ids: bool = True, **columns) -> list[dict]:
@@ -30,26 +25,6 @@ def save(folder, n: int = 2600, shards: int = 3, ids: bool = True, **columns) ->
     ds = datasets.Dataset.from_dict(rows)
     ds.shuffle(seed=3).save_to_disk(str(folder), num_shards=shards)  # stored order: the shuffled one
     return [dict(zip(ds.column_names, r)) for r in zip(*datasets.load_from_disk(str(folder)).to_dict().values())]
-
-
-def tokenize(src, out, *extra) -> int:
-    return main(["tokenize", *map(str, src if isinstance(src, list) else [src]), "-o", str(out), "--no-progress",
-                 *map(str, extra)])
-
-
-def decoded(out, capsys) -> list[dict]:
-    capsys.readouterr()
-    assert main(["decode", str(out), "--no-progress"]) == 0
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-
-
-def token_ids(out) -> list[tuple[str, list[int]]]:
-    """(id, token ids) of every document of a dataset, in stored order."""
-    from dataflow.formats.manifest import read_manifest
-    from dataflow.formats.reader import iter_documents
-
-    dataset = str(out)
-    return [(doc_id, tokens.tolist()) for doc_id, tokens in iter_documents(dataset, read_manifest(dataset))]
 
 
 @pytest.mark.parametrize("tokenizer", ["bytes", str(GPT2_JSON)])

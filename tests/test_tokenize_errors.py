@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.errors import ConfigError, DataflowError
 from dataflow.preprocess.run import TokenizeConfig, tokenize
 

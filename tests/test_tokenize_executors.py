@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.cli import main
 from dataflow.errors import ConfigError
 from dataflow.preprocess import executors, startup
@@ -19,7 +19,7 @@ from dataflow.preprocess.plan import bundle_units, file_sizes, plan_units
 from dataflow.preprocess.run import TokenizeConfig, tokenize
 from dataflow.tokenizers.load import load_tokenizer
 from dataflow.preprocess.worker import UnitSpec
-from test_tokenize_scale import dataset_bytes
+from support.cli import dataset_bytes
 
 
 def _wait_for(path: Path, what: str, seconds: float = 120) -> None:

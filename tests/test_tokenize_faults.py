@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-import tokenize_kill_points as kill_points
-from conftest import GPT2_JSON
+from support import kill_points
+from support.data import GPT2_JSON
 from dataflow.cli import main
 
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.cli import main
 from dataflow.preprocess.config import TokenizeConfig
 

@@ -13,7 +13,7 @@ import shutil
 import pytest
 from tokenizers import Tokenizer as HF
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.cli import main
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.reader import iter_documents

@@ -12,14 +12,15 @@ from typing import Any, Callable
 import pytest
 import zstandard
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.tokenizers import hf_reference, load as tokenizers
 from dataflow.preprocess.plan import Unit, plan_units
 from dataflow.sources import expand, read_unit_blocks
 from dataflow.preprocess.run import TokenizeConfig, tokenize
 from dataflow.preprocess.worker import UnitSpec, tokenize_bundle
 from dataflow.tokenizers.load import load_tokenizer
-from test_tokenize_scale import dataset_bytes
+from support.cli import dataset_bytes
+from support.executors import local_and_ray_shards
 
 
 def _lines(n: int = 3000) -> bytes:
@@ -135,16 +136,3 @@ def test_ray_tasks_get_the_pieces_with_their_bytes_and_make_the_same_shards(tmp_
     assert local == ray and len(local) > 2
 
 
-def local_and_ray_shards(tmp_path: Path, before_ray: Callable[[], None], **settings: Any) -> list[dict[str, bytes]]:
-    """The shards of a tokenize on the local pool, then (after `before_ray()`) of the same on Ray tasks, in an
-    in-process cluster of 2 CPUs."""
-    import ray
-
-    tokenize(TokenizeConfig(out=str(tmp_path / "local"), **settings))
-    before_ray()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        tokenize(TokenizeConfig(out=str(tmp_path / "ray"), executor="ray", **settings))
-    finally:
-        ray.shutdown()
-    return [{k: v for k, v in dataset_bytes(tmp_path / out).items() if "shard-" in k} for out in ("local", "ray")]

@@ -1,4 +1,4 @@
-"""`dataflow tokenize hf://datasets/ORG/NAME/...parquet` through a local stand-in of the Hub (tests/hf_stub.py).
+"""`dataflow tokenize hf://datasets/ORG/NAME/...parquet` through a local stand-in of the Hub (tests/support/hf_stub.py).
 
 What a node asks of the Hub is bounded: one footer read per file by the coordinator and per file per worker
 (not one per row group), at most one request per needed column chunk of a row group (never read-ahead of the
@@ -19,8 +19,8 @@ import pytest
 from dataflow.cli import main
 from dataflow.formats import remote
 from dataflow.sources import parquet
-from tests import hf_stub
-from tests.test_tokenize_datasets_folder import texts, token_ids
+from support import hf_stub
+from support.data import texts, token_ids
 
 GROUPS, ROWS = 8, 150  # row groups per file, rows per row group
 JUNK = 1000  # bytes of an incompressible column per row that no one asks for

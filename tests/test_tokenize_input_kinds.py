@@ -16,9 +16,9 @@ import sys
 import pyarrow as pa
 import pytest
 
-from tests.conftest import GPT2_JSON
-from tests.test_tokenize_text_inputs import documents as decoded
-from tests.test_tokenize_text_inputs import tokenize
+from support.data import GPT2_JSON
+from support.cli import decoded
+from support.cli import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,8 +14,8 @@ import pytest
 
 from dataflow import ShardWriter, TokenizerMeta
 from dataflow.formats.writer import DocIds
-import tokenize_kill_points as kill_points
-from test_tokenize_scale import DATAFLOW, dataset_bytes
+from support import kill_points
+from support.cli import DATAFLOW, dataset_bytes
 
 BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 
@@ -26,7 +26,7 @@ POINTS = [(1, {"shard": "before", "unit": 9}), (2, {"shard": "during", "unit": 1
 
 
 def test_kill_9_around_a_workers_shard_write_resumes_to_the_same_bytes(kjv10, tmp_path):
-    """Each run resumes the one before and is killed where the test chooses (tokenize_kill_points), with 1 worker
+    """Each run resumes the one before and is killed where the test chooses (support/kill_points.py), with 1 worker
     (in this process) and 2 (in a worker process: the run dies with it)."""
     args = ["tokenize", str(kjv10), "--no-progress", "--shard-size", "600KB", "--unit-size", "1MB"]
     subprocess.run([*DATAFLOW, *args, "-o", str(tmp_path / "ref"), "--workers", "2"], check=True,

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from test_tokenize_scale import DATAFLOW
+from support.cli import DATAFLOW
 
 EXTRA = {"gs": "dataflow-lm[gcs]", "az": "dataflow-lm[azure]", "s3": "dataflow-lm[s3]"}
 

@@ -16,20 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import GPT2_JSON
+from support.data import GPT2_JSON
+from support.no_pandas import HOOK
 
 pytest.importorskip("pandas")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-HOOK = '''
-import os, sys
-class _Watch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "pandas":
-            open(os.path.join(os.environ["PANDAS_WATCH"], str(os.getpid())), "w").close()
-        return None
-sys.meta_path.insert(0, _Watch())
-'''
 
 
 def _inputs(folder) -> None:

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-import tokenize_kill_points as kill_points
-from s3_server import moto_s3
-from test_tokenize_scale import DATAFLOW
+from support import kill_points
+from support.s3_server import moto_s3
+from support.cli import DATAFLOW
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import time
 import pytest
 import zstandard
 
-import tokenize_kill_points as kill_points
-from s3_server import moto_s3
-from test_tokenize_scale import DATAFLOW, dataset_bytes
+from support import kill_points
+from support.s3_server import moto_s3
+from support.cli import DATAFLOW, dataset_bytes
 
 ARGS = ["--no-progress", "--unit-size", "256KB", "--shard-size", "128KB"]
 

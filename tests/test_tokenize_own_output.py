@@ -14,9 +14,9 @@ import subprocess
 import pytest
 import zstandard
 
-import tokenize_kill_points as kill_points
-from conftest import GPT2_JSON
-from test_tokenize_scale import DATAFLOW
+from support import kill_points
+from support.data import GPT2_JSON
+from support.cli import DATAFLOW
 
 ARGS = ["--no-progress", "--workers", "1"]
 
@@ -118,7 +118,7 @@ def test_a_folder_that_holds_only_the_runs_output_is_one_line(folder):
 
 def test_an_object_store_prefix_that_is_input_and_output_reruns_as_complete(kjv, tmp_path):
     """The same on S3 (moto's server): the run's objects under the prefix, however the prefix is spelled."""
-    from s3_server import moto_s3
+    from support.s3_server import moto_s3
 
     with moto_s3("own", endpoint_env=True) as (_, client):
         client.put_object(Bucket="own", Key="mix/in.jsonl", Body=b"".join(kjv_lines(kjv)[:120]))

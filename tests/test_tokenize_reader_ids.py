@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_tokenize_datasets_folder import decoded, tokenize
+from support.cli import decoded, tokenize
 
 datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()

@@ -1,4 +1,4 @@
-"""Remote inputs whose server fails, through a local HTTP server that misbehaves (tests/http_files.py).
+"""Remote inputs whose server fails, through a local HTTP server that misbehaves (tests/support/http_files.py).
 
 A 503 while the inputs are listed and a footer read cut short are retried like a row group's read (and a run
 that gets its answers in the end gives the tokens of the local file); a server that keeps failing, at any
@@ -17,8 +17,8 @@ import pytest
 from dataflow.cli import main
 from dataflow.formats import remote
 from dataflow.sources import parquet
-from tests.http_files import _Files, serve
-from tests.test_tokenize_text_inputs import documents as decoded
+from support.http_files import _Files, serve
+from support.cli import decoded
 
 ROWS = 3000
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.cli import build_parser, main
 from dataflow.errors import ConfigError
 from dataflow.preprocess import config as config_mod

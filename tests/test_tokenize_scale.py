@@ -1,18 +1,15 @@
 """Preprocessing at scale: determinism across workers, kill -9 and resume, task slices, Ray."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import zstandard
 
-import tokenize_kill_points as kill_points
-
-DATAFLOW = [sys.executable, "-m", "dataflow"]
+from support import kill_points
+from support.cli import DATAFLOW, dataset_bytes
 
 
 @pytest.fixture(scope="module")
@@ -34,22 +31,6 @@ def tokenize(src, out, *extra, check=True):
     if check and p.returncode:
         raise AssertionError(p.stderr)
     return p
-
-
-def dataset_bytes(out):
-    """Every file of a dataset; the manifest without its timestamp."""
-    files = {}
-    for root, _, names in os.walk(out):
-        for n in names:
-            path = os.path.join(root, n)
-            rel = os.path.relpath(path, out)
-            if n == "index.json":
-                d = json.loads(open(path).read())
-                d["provenance"].pop("created")
-                files[rel] = json.dumps(d, sort_keys=True).encode()
-            elif not n.startswith("_"):
-                files[rel] = open(path, "rb").read()
-    return files
 
 
 def test_output_identical_for_1_and_2_workers(corpus, tmp_path):

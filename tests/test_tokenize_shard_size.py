@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.cli import main
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.reader import iter_shard_documents

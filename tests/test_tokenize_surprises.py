@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import zstandard
 
-from test_tokenize_scale import DATAFLOW
+from support.cli import DATAFLOW
 
 ARGS = ["--no-progress"]
 
@@ -57,7 +57,7 @@ def test_a_parquet_input_without_a_document_gets_no_jsonl_advice(tmp_path):
 
 
 def test_the_tokenizer_is_its_content_not_its_path(tmp_path, kjv):
-    from conftest import GPT2_JSON
+    from support.data import GPT2_JSON
 
     (tmp_path / "in.jsonl").write_bytes(b"".join(kjv_lines(kjv)[:30]))
     shutil.copy(GPT2_JSON, tmp_path / "tok.json")
@@ -73,7 +73,7 @@ def test_the_tokenizer_is_its_content_not_its_path(tmp_path, kjv):
 
 def test_a_dataset_of_before_with_the_tokenizers_path_in_its_settings_still_reruns(tmp_path, kjv):
     """Manifests written before the tokenizer's identity was its content hold its path: same file, same run."""
-    from conftest import GPT2_JSON
+    from support.data import GPT2_JSON
 
     (tmp_path / "in.jsonl").write_bytes(b"".join(kjv_lines(kjv)[:20]))
     shutil.copy(GPT2_JSON, tmp_path / "tok.json")
@@ -108,7 +108,7 @@ def test_ids_are_tokenizers_own_with_special_token_strings_read_as_text(tmp_path
     string would differ, and only those."""
     from tokenizers import Tokenizer
 
-    from conftest import GPT2_JSON
+    from support.data import GPT2_JSON
     from dataflow import StreamingDataset
 
     texts = [json.loads(line)["text"] for line in kjv_lines(kjv)[:200]]

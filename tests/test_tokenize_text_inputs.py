@@ -9,20 +9,9 @@ import json
 
 import pytest
 
-from dataflow.cli import main
+from support.cli import decoded, tokenize
 
 CLEAN = "In the beginning\r\nGod created the heaven\n\nand the earth.\n"
-
-
-def tokenize(src, out, *extra) -> int:
-    return main(["tokenize", *map(str, src if isinstance(src, list) else [src]), "-o", str(out), "--no-progress",
-                 *map(str, extra)])
-
-
-def documents(out, capsys) -> list[dict]:
-    capsys.readouterr()
-    assert main(["decode", str(out), "--no-progress"]) == 0
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
 def errors(out) -> list[tuple]:
@@ -34,7 +23,7 @@ def test_a_text_file_is_one_document_its_text_exactly(tmp_path, capsys):
     (tmp_path / "a.txt").write_bytes(CLEAN.encode())
     (tmp_path / "empty.txt").write_bytes(b"")
     assert tokenize(tmp_path, tmp_path / "out") == 0
-    assert documents(tmp_path / "out", capsys) == [{"id": "a.txt", "text": CLEAN}, {"id": "empty.txt", "text": ""}]
+    assert decoded(tmp_path / "out", capsys) == [{"id": "a.txt", "text": CLEAN}, {"id": "empty.txt", "text": ""}]
 
 
 @pytest.mark.parametrize("raw, kept, bad_lines", [
@@ -50,7 +39,7 @@ def test_a_bad_byte_costs_its_line_not_the_file(tmp_path, capsys, raw, kept, bad
     (tmp_path / "in" / "a.txt").write_bytes(raw)
     (tmp_path / "in" / "b.txt").write_bytes(b"the next file")
     assert tokenize(tmp_path / "in", tmp_path / "out", "--workers", workers) == 0
-    assert documents(tmp_path / "out", capsys) == [{"id": "a.txt", "text": kept},
+    assert decoded(tmp_path / "out", capsys) == [{"id": "a.txt", "text": kept},
                                                    {"id": "b.txt", "text": "the next file"}]
     assert errors(tmp_path / "out") == [("a.txt", n, "undecodable bytes") for n in bad_lines]
 
@@ -60,7 +49,7 @@ def test_a_file_with_no_good_line_gives_no_document_and_the_run_goes_on(tmp_path
     (tmp_path / "in" / "a.bin.txt").write_bytes(b"\x89PNG\r\n\xff\x1a\n\x00\xff")
     (tmp_path / "in" / "b.txt").write_text("text")
     assert tokenize(tmp_path / "in", tmp_path / "out") == 0
-    assert documents(tmp_path / "out", capsys) == [{"id": "b.txt", "text": "text"}]
+    assert decoded(tmp_path / "out", capsys) == [{"id": "b.txt", "text": "text"}]
     assert [line for _, line, _ in errors(tmp_path / "out")] == [1, 2, 3]
 
 
@@ -69,7 +58,7 @@ def test_bad_lines_count_against_max_errors(tmp_path, capsys):
     src.write_bytes(gzip.compress(b"".join(b"line %d \xff\n" % i if i % 2 else b"fine\n" for i in range(20))))
     assert tokenize(src, tmp_path / "ok", "--max-errors", "10") == 0
     assert len(errors(tmp_path / "ok")) == 10
-    assert documents(tmp_path / "ok", capsys) == [{"id": "a.txt.gz", "text": "fine\n" * 10}]
+    assert decoded(tmp_path / "ok", capsys) == [{"id": "a.txt.gz", "text": "fine\n" * 10}]
     capsys.readouterr()
     assert tokenize(src, tmp_path / "stop", "--max-errors", "3") == 1
     err = capsys.readouterr().err

@@ -153,7 +153,7 @@ def test_a_file_named_for_a_codec_it_is_not_in_is_one_line(tmp_path, corpus, tok
 
 
 def test_after_the_file_is_replaced_whole_the_rerun_resumes_to_the_bytes_of_a_clean_run(tmp_path, corpus, tokenize):
-    from test_tokenize_scale import dataset_bytes
+    from support.cli import dataset_bytes
 
     stream, ends = zstd_frames_of(corpus, 100)
     src = tmp_path / "kjv.jsonl.zst"

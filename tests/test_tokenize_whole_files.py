@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 import zstandard
 
-import tokenize_kill_points as kill_points
-from conftest import GPT2_JSON
+from support import kill_points
+from support.data import GPT2_JSON
 from dataflow.preprocess.run import TokenizeConfig, tokenize
-from test_tokenize_compressed import kill_at_pieces, run, same_data
-from test_tokenize_handoff import local_and_ray_shards
-from test_tokenize_scale import dataset_bytes
+from support.cli import same_data
+from support.kill_points import kill_at_pieces
+from test_tokenize_compressed import run
+from support.executors import local_and_ray_shards
+from support.cli import dataset_bytes
 
 FILES = 4
 pieces_module = importlib.import_module("dataflow.sources.pieces")  # (the package's `pieces` is

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import zstandard
 
-from test_tokenize_scale import DATAFLOW, dataset_bytes
+from support.cli import DATAFLOW, dataset_bytes
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_workers_hand_back_no_tokens(kjv, tmp_path, monkeypatch):
 
 
 def test_a_journal_of_the_previous_version_is_refused_in_one_line(kjv10, tmp_path):
-    import tokenize_kill_points as kill_points
+    from support import kill_points
 
     out = tmp_path / "o"
     args = ["tokenize", str(kjv10), "-o", out, "--no-progress", "--unit-size", "4MB", "--workers", "1"]

@@ -20,14 +20,14 @@ import pyarrow as pa
 import pytest
 from tokenizers import Tokenizer as HF
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.cli import main
 from dataflow.formats.manifest import read_manifest
 from dataflow.formats.reader import iter_documents
 from dataflow.tokenizers import gigatoken_engine, tiktoken_engine
 from dataflow.tokenizers.flat import scrub
 from dataflow.tokenizers.load import load_tokenizer
-from test_tokenizers import docs  # noqa: F401 (fixture)
+from support.reference import docs  # noqa: F401 (fixture)
 
 FAMILIES = pathlib.Path(__file__).resolve().parent / "data" / "tokenizers"
 PATHS = {"gpt2": GPT2_JSON, **{name: FAMILIES / name / "tokenizer.json"

@@ -25,7 +25,7 @@ import pytest
 import tiktoken
 from tiktoken_ext import openai_public
 
-from conftest import GPT2_JSON, GPT2_TIKTOKEN
+from support.data import GPT2_JSON, GPT2_TIKTOKEN
 from dataflow.cli import main
 from dataflow.errors import ConfigError
 from dataflow.formats.manifest import read_manifest
@@ -33,30 +33,8 @@ from dataflow.formats.reader import iter_documents
 from dataflow.tokenizers import tiktoken_files
 from dataflow.tokenizers.tiktoken_files import tiktoken_spec
 from dataflow.tokenizers.load import load_tokenizer
-from test_tokenizers import LLAMA3_PATTERN
-
-GPT2_LINES = GPT2_TIKTOKEN.read_bytes().splitlines()
-TEXTS = ["In the beginning God created the heaven and the earth. 12345 and 67890!",
-         "I'M sure it's THE one's: don't\n\n\n  spaces   \t tabs and 1,000,000 numbers 3.14159",
-         "Ünïcödé, 中文文本, emoji 😀👍🏽 and <|endoftext|> as text", "x" * 300 + " " * 40 + "\r\n" * 5]
-# merges after the 256 single bytes: digits (which cl100k-style patterns split in threes), words, contractions
-MERGES = [b"12", b"123", b"45", b"12345", b"67", b"678", b"90", b"67890", b"th", b"the", b" the", b"an", b"and",
-          b" and", b"'s", b"'S", b"in", b" in", b"  ", b"    ", b"\n\n", b"xx", b"xxxx", b"00", b"000"]
-
-
-def small_ranks() -> dict[bytes, int]:
-    """A tiny valid .tiktoken vocabulary: the 256 single bytes (GPT-2's order), then MERGES."""
-    tokens = [base64.b64decode(line.split()[0]) for line in GPT2_LINES[:256]] + MERGES
-    return {t: i for i, t in enumerate(tokens)}
-
-
-def write_tiktoken(path: pathlib.Path, lines: list[bytes]) -> pathlib.Path:
-    path.write_bytes(b"".join(line + b"\n" for line in lines))
-    return path
-
-
-def rank_lines(ranks: dict[bytes, int]) -> list[bytes]:
-    return [base64.b64encode(t) + b" " + str(r).encode() for t, r in ranks.items()]
+from support.reference import LLAMA3_PATTERN
+from support.tiktoken_files import TEXTS, GPT2_LINES, small_ranks, write_tiktoken, rank_lines, registry
 
 
 @pytest.fixture()
@@ -86,16 +64,6 @@ def refused(capsys, *args) -> str:
 
 def stored_ids(out) -> list[list[int]]:
     return [tokens.tolist() for _, tokens in iter_documents(str(out), read_manifest(str(out)))]
-
-
-def registry(name: str, ranks: dict[bytes, int]) -> dict:
-    """What tiktoken's own registry constructor for `name` gives, with `ranks` as the file it would download."""
-    saved = openai_public.load_tiktoken_bpe
-    openai_public.load_tiktoken_bpe = lambda *args, **kwargs: ranks
-    try:
-        return openai_public.ENCODING_CONSTRUCTORS[name]()
-    finally:
-        openai_public.load_tiktoken_bpe = saved
 
 
 # --- item 6: ranks that are not exactly 0..n-1 ---------------------------------------------------------

@@ -15,7 +15,7 @@ import sys
 import pytest
 from tokenizers import Tokenizer as HF
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.cli import main
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import Manifest, read_manifest

@@ -6,7 +6,6 @@ here on KJV with `tokenizers` (GPT-2-style and Llama-3-style pre-tokenizers).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -14,42 +13,18 @@ import sys
 
 import numpy as np
 import pytest
-import zstandard
 from tokenizers import Regex
 from tokenizers import Tokenizer as HF
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from conftest import GPT2_JSON, GPT2_TIKTOKEN
+from support.data import GPT2_JSON, GPT2_TIKTOKEN
 from dataflow.errors import ConfigError
 from dataflow.tokenizers import bpe_convert, choose, tiktoken_engine
 from dataflow.tokenizers.load import load_tokenizer, tokenizer_for_dataset
+from support.reference import LLAMA3_PATTERN, reference_ids, same_ids
+from support.reference import docs, gpt2_ref  # noqa: F401  (fixtures)
 
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 PROBE = bpe_convert.probe_texts()
-
-
-@pytest.fixture(scope="session")
-def docs(kjv) -> list[str]:
-    with open(kjv, "rb") as f:
-        raw = zstandard.ZstdDecompressor().stream_reader(f).read()
-    return [json.loads(line)["text"] for line in io.BytesIO(raw) if line.strip()]
-
-
-def reference_ids(path, texts: list[str]) -> list[list[int]]:
-    """What Hugging Face gives, special-token strings treated as text: the ids every engine must match."""
-    ref = HF.from_file(str(path))
-    ref.encode_special_tokens = True
-    return [e.ids for e in ref.encode_batch(texts, add_special_tokens=False)]
-
-
-def same_ids(got: list[np.ndarray], want: list[list[int]]) -> bool:
-    return len(got) == len(want) and all(g.tolist() == w for g, w in zip(got, want))
-
-
-@pytest.fixture(scope="session")
-def gpt2_ref(docs) -> list[list[int]]:
-    return reference_ids(GPT2_JSON, docs)
 
 
 def _train(docs: list[str], path, style: str) -> str:

@@ -19,11 +19,11 @@ import pytest
 from tokenizers import Tokenizer as HF
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from conftest import GPT2_JSON
+from support.data import GPT2_JSON
 from dataflow.errors import ConfigError
 from dataflow.tokenizers import bpe_convert, gigatoken_engine, hf_reference
 from dataflow.tokenizers.load import load_tokenizer
-from test_tokenizers import docs, gpt2_ref, reference_ids, same_ids  # noqa: F401 (fixtures)
+from support.reference import docs, gpt2_ref, reference_ids, same_ids  # noqa: F401 (fixtures)
 
 PROBE = bpe_convert.probe_texts()
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from trainer_support import set_args, tiny_dataset, tiny_settings
+from support.trainer import set_args, tiny_dataset, tiny_settings
 from dataflow.audit.replay import audit_folder
 from trainer.checkpoint import complete_checkpoints
 from trainer.config import load_config

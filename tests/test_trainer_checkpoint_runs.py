@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from trainer_support import set_args, tiny_dataset, tiny_settings
+from support.trainer import set_args, tiny_dataset, tiny_settings
 from dataflow.errors import ConfigError
 from trainer.__main__ import main
 from trainer.checkpoint import STATE_FILE, complete_checkpoints

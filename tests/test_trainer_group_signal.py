@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from trainer_support import set_args, tiny_dataset, tiny_settings
+from support.trainer import set_args, tiny_dataset, tiny_settings
 from trainer.checkpoint import complete_checkpoints
 from trainer.config import load_config
 from trainer.loop import train

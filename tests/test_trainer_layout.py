@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch.distributed as dist
 
-from trainer_support import set_args, tiny_dataset, tiny_settings
+from support.trainer import set_args, tiny_dataset, tiny_settings
 from dataflow.distributed import data_parallel_coordinates
 from dataflow.errors import ConfigError
 from trainer.__main__ import main

@@ -10,8 +10,9 @@ import shutil
 
 import pytest
 
-from test_trainer_tp import STEPS, assert_close, losses, records, run_cli, settings
-from test_trainer_tp import baseline, kjv_data  # noqa: F401  (fixtures: the 1-process run every layout matches)
+from support.parallel import STEPS, run_cli, settings
+from support.trainer import assert_close, losses, records
+from support.parallel import baseline, kjv_data  # noqa: F401  (fixtures: the 1-process run every layout matches)
 
 pytestmark = pytest.mark.heavy
 PP2_DP2 = ("data.batch_size=2", "train.parallel=fsdp", "train.pipeline_parallel=2")  # 2 micro-batches per step

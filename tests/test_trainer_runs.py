@@ -19,8 +19,8 @@ import time
 import pytest
 import torch
 
-import trainer_support as support
-from trainer_support import assert_close, losses, records
+from support import trainer as support
+from support.trainer import assert_close, losses, records
 from dataflow.errors import ConfigError, DataflowError
 from trainer.checkpoint import Checkpointer, complete_checkpoints
 from trainer.config import load_config

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from trainer_support import tiny_dataset, tiny_settings
+from support.trainer import tiny_dataset, tiny_settings
 from trainer.config import TrainConfig, load_config
 from trainer.loop import train
 from trainer.optim import Schedule, lr_at

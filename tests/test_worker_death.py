@@ -13,7 +13,7 @@ import signal
 import pytest
 import torch
 
-from conftest import write_counting_dataset
+from support.data import write_counting_dataset
 from dataflow import StreamingDataLoader, StreamingDataset, WorkerDied
 from dataflow.loading.handoff import WorkerPool
 

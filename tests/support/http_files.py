@@ -10,6 +10,7 @@ import contextlib
 import http.server
 import os
 import threading
+import time
 from typing import Iterator
 from urllib.parse import unquote
 
@@ -57,3 +58,10 @@ def serve(root: str, handler: type = _Files) -> Iterator[tuple[str, list[str], s
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+class _Slow(_Files):
+    def _file(self):
+        if self.command == "GET" and ".arrow" in self.path:
+            time.sleep(0.3)
+        return super()._file()

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 MAIN = os.getpid()
 
 
@@ -157,8 +157,20 @@ def _install(when: dict) -> None:
     startup.save_progress = commit.save_progress = save_then_stop  # the fresh journal, then each save
 
 
+def kill_at_pieces(args: list, journal, pieces: tuple[int, ...]) -> None:
+    """Run `dataflow *args` once per number in `pieces`, each resuming the one before and killed once that many
+    pieces of the first file are committed."""
+    for piece in pieces:
+        p = subprocess.run(command({"next_piece": piece}, *args), capture_output=True, text=True)
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        progress = json.loads(journal.read_text())
+        assert (progress["next_unit"], progress["next_piece"]) == (0, piece), progress
+
+
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))  # this checkout's dataflow, as `python -m dataflow` from its root imports
+    # this checkout's dataflow, as `python -m dataflow` from its root imports; not this folder, whose modules
+    # would stand in for packages of the same name
+    sys.path[0] = str(ROOT)
     # Ctrl-C as in a terminal's foreground: a suite started as a background job (`make test &`) hands its
     # processes SIGINT ignored, and Python then never raises KeyboardInterrupt
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from conftest import write_random_dataset
+from support.data import write_random_dataset
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from support.paths import ROOT  # noqa: E402
 
 
 def tiny_dataset(folder: pathlib.Path, docs: int = 60, seed: int = 5) -> pathlib.Path:

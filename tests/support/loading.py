@@ -1,0 +1,39 @@
+"""Small KJV datasets of byte tokens for the loader, audit and profiler tests (pytest fixtures)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zstandard
+
+from dataflow import ShardWriter, StreamingDataset, TokenizerMeta
+from support.data import KJV
+
+
+@pytest.fixture(scope="module")
+def kjv_data(tmp_path_factory):
+    """The first 100 documents of the KJV as byte tokens: about 2,200 samples of 65 tokens."""
+    with open(KJV, "rb") as f:
+        lines = zstandard.ZstdDecompressor().stream_reader(f).read().splitlines()[:100]
+    out = tmp_path_factory.mktemp("kjv") / "data"
+    meta = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
+    with ShardWriter(str(out), tokenizer_meta=meta, shard_size="32KB") as w:
+        for line in lines:
+            record = json.loads(line)
+            w.write(np.frombuffer(record["text"].encode(), np.uint8).astype(np.uint16), id=record["id"])
+    return str(out)
+
+
+@pytest.fixture()
+def small_shards(tmp_path, kjv_data):  # noqa: F811
+    """The KJV documents again, in uncompressed 8 KB shards (a new shard every few batches, no decode stage)."""
+    from dataflow import ShardWriter
+
+    ds = StreamingDataset(kjv_data)
+    out = tmp_path / "small"
+    with ShardWriter(str(out), tokenizer_meta=ds.tokenizer, shard_size="8KB", compression="none") as w:
+        for i in range(ds.num_samples):
+            w.write(ds[i]["tokens"].numpy().astype("uint16"))
+    return str(out)
