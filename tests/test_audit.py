@@ -12,23 +12,12 @@ import textwrap
 import pytest
 
 from support.loading import kjv_data  # noqa: F401  (the fixture: KJV documents as byte tokens)
+from support.loading import BATCH, SEQ, loaders
 from dataflow import StreamingDataLoader, StreamingDataset
 from dataflow.audit.replay import audit_folder
 from dataflow.cli import main
 
-SEQ, BATCH = 64, 4
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def loaders(data, audit, world, state=None, workers=0):
-    out = []
-    for rank in range(world):
-        loader = StreamingDataLoader(StreamingDataset(data, seq_len=SEQ, rank=rank, world_size=world),
-                                     batch_size=BATCH, num_workers=workers, audit=audit)
-        if state is not None:
-            loader.load_state_dict(state)
-        out.append(loader)
-    return out
 
 
 def serve(group, steps=None):
@@ -141,7 +130,7 @@ def test_a_killed_run_resumed_from_its_last_checkpoint_is_clean_and_a_torn_line_
     script = textwrap.dedent(f"""
         import json, os, signal, sys
         sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-        from test_audit import loaders
+        from support.loading import loaders
         group = loaders({kjv_data!r}, {str(tmp_path)!r}, 2)
         its = [iter(l) for l in group]
         for _ in range(5):

@@ -11,12 +11,11 @@ import bz2
 import gzip
 import json
 import lzma
-import subprocess
 
 import pytest
 import zstandard
 
-from support.cli import DATAFLOW, dataset_bytes
+from support.cli import dataset_bytes, tokenize_small
 from support.cli import same_data
 from support.kill_points import kill_at_pieces
 
@@ -33,18 +32,10 @@ def kjv_lines(kjv) -> list[bytes]:
     return lines
 
 
-def run(src, out, *extra, check=True):
-    p = subprocess.run([*DATAFLOW, "tokenize", str(src), "-o", str(out), "--shard-size", "512KB",
-                        "--unit-size", "256KB", *map(str, extra)], capture_output=True, text=True)
-    if check and p.returncode:
-        raise AssertionError(p.stderr)
-    return p
-
-
 def test_plain_run_and_pieces_agree(tmp_path, kjv_lines):
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "kjv.jsonl").write_bytes(b"".join(kjv_lines))
-    run(tmp_path / "plain" / "kjv.jsonl", tmp_path / "ref", "--workers", "1", "--no-progress")
+    tokenize_small(tmp_path / "plain" / "kjv.jsonl", tmp_path / "ref", "--workers", "1", "--no-progress")
     reference = same_data(tmp_path / "ref")
     want_errors = (tmp_path / "ref" / "_errors.jsonl").read_text().replace("plain/kjv.jsonl", "")
     assert [json.loads(e)["line"] for e in want_errors.splitlines()] == [701, 1101]
@@ -54,7 +45,7 @@ def test_plain_run_and_pieces_agree(tmp_path, kjv_lines):
         src.write_bytes(compress(b"".join(kjv_lines)))
         for workers in (1, 2):
             out = tmp_path / f"out{suffix}-{workers}"
-            p = run(src, out, "--workers", workers, "--json", "--no-progress")
+            p = tokenize_small(src, out, "--workers", workers, "--json", "--no-progress")
             assert json.loads(p.stdout)["units"] == 1  # one file, one unit of the plan ...
             assert same_data(out) == reference, (suffix, workers)  # ... the same bytes as the plain run
             errors = (out / "_errors.jsonl").read_text().replace(f"{suffix[1:]}/kjv.jsonl{suffix}", "")
@@ -64,7 +55,7 @@ def test_plain_run_and_pieces_agree(tmp_path, kjv_lines):
 def test_the_progress_bar_counts_decompressed_bytes_to_100_percent(tmp_path, kjv_lines):
     src = tmp_path / "kjv.jsonl.zst"
     src.write_bytes(COMPRESS[".zst"](b"".join(kjv_lines)))
-    p = run(src, tmp_path / "out", "--workers", "2")
+    p = tokenize_small(src, tmp_path / "out", "--workers", "2")
     frames = [f for f in p.stderr.replace("\r", "\n").splitlines() if f.startswith("tokenize")]
     size = len(b"".join(kjv_lines)) / 1e6
     assert len(frames) >= 3 and "100%" in frames[-1] and f"{size:.2f}M/{size:.2f}M" in frames[-1], frames[-3:]
@@ -75,13 +66,13 @@ def test_the_progress_bar_counts_decompressed_bytes_to_100_percent(tmp_path, kjv
 def test_kill_9_in_the_middle_of_a_compressed_file_resumes_to_the_same_bytes(tmp_path, kjv_lines):
     src = tmp_path / "kjv.jsonl.zst"
     src.write_bytes(COMPRESS[".zst"](b"".join(kjv_lines)))
-    run(src, tmp_path / "ref", "--workers", "2", "--no-progress")
+    tokenize_small(src, tmp_path / "ref", "--workers", "2", "--no-progress")
     out = tmp_path / "killed"
     journal = out / "_work" / "task-00000" / "journal.json"
     args = ["tokenize", src, "-o", out, "--no-progress", "--shard-size", "512KB", "--unit-size", "256KB",
             "--workers", "2"]
     kill_at_pieces(args, journal, (3, 9))  # in the middle of the one file
-    run(src, out, "--workers", "1", "--no-progress")
+    tokenize_small(src, out, "--workers", "1", "--no-progress")
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert not (out / "_work").exists()
 
@@ -93,6 +84,6 @@ def test_a_damaged_compressed_file_is_one_line_naming_it(tmp_path, kjv_lines, wo
     data = COMPRESS[".zst"](b"".join(kjv_lines))
     src = tmp_path / "kjv.jsonl.zst"
     src.write_bytes(data[:len(data) * 2 // 3] + b"\x00" * 64 + data[len(data) * 2 // 3 + 64:])
-    p = run(src, tmp_path / "out", "--workers", workers, "--no-progress", check=False)
+    p = tokenize_small(src, tmp_path / "out", "--workers", workers, "--no-progress", check=False)
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert p.stderr.count("\n") == 1 and "kjv.jsonl.zst" in p.stderr and "damaged compressed stream" in p.stderr

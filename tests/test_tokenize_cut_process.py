@@ -23,7 +23,7 @@ from dataflow.preprocess.plan import plan_units
 from dataflow.sources import cut_process, expand, read_bundles
 from dataflow.preprocess.run import TokenizeConfig, tokenize
 from support.cli import same_data
-from test_tokenize_compressed import run
+from support.cli import tokenize_small
 
 PIECE = 64 << 10
 
@@ -122,8 +122,8 @@ def test_ctrl_c_while_the_file_is_cut_stops_the_cut_process_too_and_the_rerun_re
     while subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, "a process of the interrupted run is still alive"
         time.sleep(0.05)
-    run(zst, out, "--workers", "1", "--unit-size", "64KB", "--no-progress")
-    run(zst, tmp_path / "ref", "--workers", "1", "--unit-size", "64KB", "--no-progress")
+    tokenize_small(zst, out, "--workers", "1", "--unit-size", "64KB", "--no-progress")
+    tokenize_small(zst, tmp_path / "ref", "--workers", "1", "--unit-size", "64KB", "--no-progress")
     assert same_data(out) == same_data(tmp_path / "ref")
 
 

@@ -18,7 +18,7 @@ from support.data import GPT2_JSON
 from dataflow.preprocess.run import TokenizeConfig, tokenize
 from support.cli import same_data
 from support.kill_points import kill_at_pieces
-from test_tokenize_compressed import run
+from support.cli import tokenize_small
 from support.executors import local_and_ray_shards
 from support.cli import dataset_bytes
 
@@ -84,13 +84,13 @@ def test_the_workers_cut_many_compressed_files_and_the_bytes_are_those_of_the_co
 
 def test_a_kill_9_in_the_middle_of_a_file_a_worker_reads_whole_resumes_to_the_same_bytes(tmp_path, parts):
     src = parts / "zst"
-    run(src, tmp_path / "ref", "--workers", "1", "--no-progress", "--unit-size", "128KB")  # 5 pieces a file
+    tokenize_small(src, tmp_path / "ref", "--workers", "1", "--no-progress", "--unit-size", "128KB")  # 5 pieces a file
     out = tmp_path / "killed"
     journal = out / "_work" / "task-00000" / "journal.json"
     args = ["tokenize", src, "-o", out, "--no-progress", "--shard-size", "512KB", "--unit-size", "128KB",
             "--workers", "1"]
     kill_at_pieces(args, journal, (2, 4))  # inside the first file, which the worker reads whole
-    run(src, out, "--workers", "1", "--no-progress", "--unit-size", "128KB")
+    tokenize_small(src, out, "--workers", "1", "--no-progress", "--unit-size", "128KB")
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
     assert not (out / "_work").exists()
 
@@ -99,14 +99,14 @@ def test_ctrl_c_while_a_worker_reads_a_file_whole_stops_at_once_and_the_rerun_re
     """Ctrl-C (SIGINT to the process group) while the worker holds the third file: `interrupted`, exit 130
     within 2 s; the journal stays, and the rerun gives the bytes of a clean run."""
     args = ["tokenize", parts / "zst", "--no-progress", "--shard-size", "512KB", "--unit-size", "128KB",
-            "--workers", "1"]  # (run() below: the same settings)
+            "--workers", "1"]  # (tokenize_small() below: the same settings)
     out = tmp_path / "out"
     code, err, took = kill_points.ctrl_c_while_holding(2, tmp_path / "holding", *args, "-o", out)
     assert code == 130 and err.strip() == "dataflow tokenize: interrupted", err
     assert took < 2, took
     assert (out / "_work" / "task-00000" / "journal.json").exists()  # (how far it got is a matter of timing)
-    run(parts / "zst", out, "--workers", "1", "--no-progress", "--unit-size", "128KB")
-    run(parts / "zst", tmp_path / "ref", "--workers", "1", "--no-progress", "--unit-size", "128KB")
+    tokenize_small(parts / "zst", out, "--workers", "1", "--no-progress", "--unit-size", "128KB")
+    tokenize_small(parts / "zst", tmp_path / "ref", "--workers", "1", "--no-progress", "--unit-size", "128KB")
     assert dataset_bytes(out) == dataset_bytes(tmp_path / "ref")
 
 
@@ -118,7 +118,7 @@ def test_a_damaged_file_read_whole_by_a_worker_is_one_line_naming_it(tmp_path, p
         if f.name == "part-1.jsonl.zst":
             data = data[:len(data) // 2] + b"\x00" * 64 + data[len(data) // 2 + 64:]
         (src / f.name).write_bytes(data)
-    p = run(src, tmp_path / "out", "--workers", "1", "--no-progress", check=False)
+    p = tokenize_small(src, tmp_path / "out", "--workers", "1", "--no-progress", check=False)
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert p.stderr.count("\n") == 1 and "part-1.jsonl.zst" in p.stderr and "damaged compressed stream" in p.stderr
     # the first file is committed; nothing of the damaged one is, and no shard of it is left lying about

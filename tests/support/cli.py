@@ -58,3 +58,12 @@ def same_data(out) -> dict[str, bytes]:
     manifest["provenance"]["settings"].pop("inputs")
     files["index.json"] = json.dumps(manifest, sort_keys=True).encode()
     return files
+
+
+def tokenize_small(src, out, *extra, check=True) -> subprocess.CompletedProcess:
+    """`dataflow tokenize` in small shards and units (512 KB, 256 KB): several of each from a corpus of a few MB."""
+    p = subprocess.run([*DATAFLOW, "tokenize", str(src), "-o", str(out), "--shard-size", "512KB",
+                        "--unit-size", "256KB", *map(str, extra)], capture_output=True, text=True)
+    if check and p.returncode:
+        raise AssertionError(p.stderr)
+    return p

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import zstandard
 
-from dataflow import ShardWriter, StreamingDataset, TokenizerMeta
+from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
 from support.data import KJV
+
+SEQ, BATCH = 64, 4  # the audit tests' samples and batches
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +39,15 @@ def small_shards(tmp_path, kjv_data):  # noqa: F811
         for i in range(ds.num_samples):
             w.write(ds[i]["tokens"].numpy().astype("uint16"))
     return str(out)
+
+
+def loaders(data, audit, world, state=None, workers=0) -> list[StreamingDataLoader]:
+    """One loader per simulated rank of a `world`-rank run over `data`, auditing into `audit`; each loads `state`."""
+    out = []
+    for rank in range(world):
+        loader = StreamingDataLoader(StreamingDataset(data, seq_len=SEQ, rank=rank, world_size=world),
+                                     batch_size=BATCH, num_workers=workers, audit=audit)
+        if state is not None:
+            loader.load_state_dict(state)
+        out.append(loader)
+    return out
