@@ -40,11 +40,20 @@ def slow_loader(monkeypatch):
     slow_reads(monkeypatch, 0.02)  # 40 ms per batch of 2: slower than the 25 ms step unless >= 2 workers
 
 
+def read_seconds(stages: dict) -> float:
+    return next(row["seconds"] for row in stages["stages"] if row["stage"] == "read")
+
+
+# The injected sleeps are a floor no load can lower: the read stage must hold them (batches x 4 samples
+# x 20 ms). That read also *dominates* is a wall-clock claim a stalled machine can break
+# (a second-long stall inside another stage's timer once did in CI): hence `timing` (rerun on failure).
+@pytest.mark.timing
 @pytest.mark.parametrize("workers", [0, 1])
 def test_profile_attributes_slow_decompress_to_read(small_ds, slow_decompress, workers):
     s = RunSettings(small_ds, batch_size=4, seq_len=64, num_workers=workers, batches=10, warmup=2)
     r = run_config(s, sleeper(5), capacity=False)
     st = r["stages"]
+    assert read_seconds(st) >= 8 * 4 * 0.02  # of the 10 measured batches, the window's edges may cut one or two
     assert st["dominant"] == "read"
     shares = {row["stage"]: row["share_pct"] for row in st["stages"]}
     assert shares["read"] > 3 * max(shares["shuffle"], shares["collate"], shares["fetch"])
@@ -54,6 +63,7 @@ def test_profile_attributes_slow_decompress_to_read(small_ds, slow_decompress, w
         assert tracks[0].startswith("main")
 
 
+@pytest.mark.timing
 def test_monitor_wrapping_the_loader_reports_its_stages(small_ds, slow_decompress):
     ds = StreamingDataset(small_ds, seq_len=64)
     loader = StreamingDataLoader(ds, batch_size=4, num_workers=1)
@@ -68,6 +78,7 @@ def test_monitor_wrapping_the_loader_reports_its_stages(small_ds, slow_decompres
     loader.close()
     st = mon.summary()["stages"]
     assert st["sources"]["loader"] == "StreamingDataLoader"
+    assert read_seconds(st) >= 10 * 4 * 0.02 and st["per_worker"]["worker-0"]["read"] >= 10 * 4 * 0.02
     assert st["dominant"] == "read"
 
 
