@@ -26,6 +26,9 @@ VARIABLES: dict[str, tuple[str, str]] = {
                                             "no floor)"),
     "DATAFLOW_SLOW_TRANSFER_S": ("seconds", "seconds a shard download may stay below DATAFLOW_MIN_TRANSFER_BPS "
                                             "(default 30)"),
+    "DATAFLOW_RANGE_BYTES": ("size", "a remote shard over twice this size is downloaded as ranged GETs of "
+                                     "this size, a few at once, the shard needed first ahead (default 8MB; none: "
+                                     "one GET per shard)"),
     "DATAFLOW_FIRST_CONTACT_S": ("seconds", "seconds a dataset's first remote read (its manifest) may take in "
                                             "all, retries included (default 120)"),
     "DATAFLOW_MANIFEST_MAX_BYTES": ("size", "the most bytes a dataset's index.json is read to, like 2GB, or none "

@@ -3,16 +3,21 @@
 Transient failures (5xx, resets, timeouts, a damaged transfer, a transfer below the progress floor) are
 retried with backoff (`formats/remote.py`), within the same `retries` attempts: a trickle costs at most
 `retries` spans of DATAFLOW_SLOW_TRANSFER_S. A refusal is one line that says what to do; a full disk is not
-retried.
+retried. A large shard comes as ranged GETs through the Storage's `Link` (`link.py`: a few at once, the
+shard a reader waits for first, then in the order of need), so it arrives at the link's speed instead of
+sharing it with every shard fetched ahead.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
+import threading
 from typing import Any, Callable
 
+from dataflow import env
 from dataflow.debug import cause
 from dataflow.errors import CacheFullError, FormatError, StorageError
 from dataflow.formats import remote
@@ -20,6 +25,9 @@ from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
 from dataflow.loading import cache
 from dataflow.loading.cache import DISK_FULL  # no retry: waiting frees no space
+from dataflow.loading.link import Link, Order
+
+RANGE_BYTES = 8 << 20  # a ranged GET's size, for shards over twice as large (DATAFLOW_RANGE_BYTES)
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +37,22 @@ class _Corrupt(Exception):
 
 
 def download_verified(fs: Any, rpath: str, path: str, shard: ShardInfo, url: str, retries: int, dataset: str,
-                      disk_full: Callable[[OSError], BaseException], done: Callable[[], None] = lambda: None) -> None:
+                      disk_full: Callable[[OSError], BaseException], done: Callable[[], None] = lambda: None,
+                      link: Link | None = None, order: Order | None = None) -> None:
     """`fs:rpath` into `path` (the cache entry), whole and verified, stamped as such, or an error. `done()` is
     called once it is in place, before its stamp makes it visible to readers (so a count of downloads is never
-    behind what a reader sees)."""
+    behind what a reader sees). With a `link`, a shard over twice DATAFLOW_RANGE_BYTES comes as ranged GETs
+    on it (`order`: the fetch-ahead's place in the order of need; None: a reader waits for it)."""
     tmp = cache.part_path(path, shard.bytes)
     floor = remote.ProgressFloor(url)  # one per shard: it warns once, whatever the attempts
+    step = range_bytes()
     for attempt in range(1, retries + 1):
         try:
             floor.restart()
-            fs.get_file(rpath, tmp, callback=floor, **_one_get(fs))
+            if link is not None and step is not None and shard.bytes > 2 * step:
+                get_ranges(fs, rpath, tmp, shard.bytes, step, floor, link, order)
+            else:
+                fs.get_file(rpath, tmp, callback=floor, **_one_get(fs))
             size, digest = cache.sha256_and_sync(tmp)
             if (size, digest) != (shard.bytes, shard.sha256):
                 raise _Corrupt(f"got {size} bytes with sha256 {digest[:12]}..., the manifest says "
@@ -59,6 +73,71 @@ def download_verified(fs: Any, rpath: str, path: str, shard: ShardInfo, url: str
             return
         finally:
             cache.remove(tmp)
+
+
+def range_bytes() -> int | None:
+    """DATAFLOW_RANGE_BYTES (default 8 MB), or None for one GET per shard ("none")."""
+    value = env.size("DATAFLOW_RANGE_BYTES")
+    return None if value == "none" else max(1 << 16, int(value)) if value is not None else RANGE_BYTES
+
+
+def get_ranges(fs: Any, rpath: str, tmp: str, size: int, step: int, floor: remote.ProgressFloor, link: Link,
+               order: Order | None) -> None:
+    """The object as ranged GETs of `step` bytes on `link`, each written in place into `tmp` (made at its full
+    size first); the transfer floor is checked as each range ends. Object stores honour `Range`; another
+    server's first ranged answer says whether it does (the other downloads wait for it): one that ignores it
+    answers with the whole object, which is then the download, and later shards are one GET each."""
+    spans = [(start, min(start + step, size)) for start in range(0, size, step)]
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    floor.set_size(size)
+    counted = threading.Lock()  # the floor is one callback; the ranges end on several threads
+
+    def arrived(n: int) -> None:
+        with counted:
+            floor.relative_update(n)
+
+    def get(span: tuple[int, int]) -> bool:
+        start, end = span
+        data = fs.cat_file(rpath, start=start, end=end)
+        if start == 0 and len(data) == size:  # Range ignored: this is all of it
+            os.pwrite(fd, data, 0)
+            arrived(size)
+            return True
+        if len(data) != end - start:
+            raise _Corrupt(f"bytes {start}-{end - 1} came back as {len(data)} bytes")
+        os.pwrite(fd, data, start)
+        arrived(len(data))
+        return False
+
+    try:
+        os.ftruncate(fd, size)
+        if link.honours_range is None and _object_store(fs):
+            link.honours_range = True
+        first, rest = 0, None
+        if link.honours_range is None:
+            with link.probing:  # the rest queued before another download may queue its own
+                if link.honours_range is None:
+                    whole = link.run([functools.partial(get, spans[0])], order)[0]
+                    link.honours_range, first = not whole, 1
+                    if not whole:
+                        rest = link.submit([functools.partial(get, span) for span in spans[1:]], order, first=1)
+        if rest is not None:
+            link.wait(rest)
+        elif link.honours_range:
+            link.run([functools.partial(get, span) for span in spans[first:]], order, first=first)
+        elif not first:  # known to ignore Range: one GET, as for a small shard
+            os.close(fd)
+            fd = -1
+            fs.get_file(rpath, tmp, callback=floor)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _object_store(fs: Any) -> bool:
+    """S3, GCS and Azure answer `Range` by their API's contract: no probe needed."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return any(p in ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss") for p in protocols)
 
 
 def _one_get(fs: Any) -> dict[str, Any]:

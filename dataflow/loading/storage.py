@@ -34,6 +34,7 @@ from dataflow.loading import cache, decoded
 from dataflow.loading.ahead import Fetch, FetchAhead
 from dataflow.loading.cache import lock, release
 from dataflow.loading.holds import Holds
+from dataflow.loading.link import Link, Order
 from dataflow.loading.cache import DISK_FULL
 from dataflow.loading.download import cache_full, checked_again, download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
@@ -57,7 +58,8 @@ class Storage:
             space that is free or already used by the cache, measured when this Storage is made; copies
             sent to loader workers keep it; "none" for unlimited).
         storage_options: passed to fsspec (e.g. `{"client_kwargs": {"endpoint_url": ...}}` for S3).
-        fetch_ahead_workers: background downloads at once for `fetch_ahead()`.
+        fetch_ahead_workers: background downloads at once for `fetch_ahead()`, and GETs in flight at once for
+            the ranges of large shards (DATAFLOW_RANGE_BYTES), the reader's own first.
         retries: attempts per download on transient errors (5xx, resets, timeouts, bad checksums).
     """
 
@@ -89,6 +91,7 @@ class Storage:
         self._mu = threading.Lock()
         self._holds = Holds(on_release=self._wake)  # the entries in use here (reading, or fetched ahead)
         self._ahead = FetchAhead(self.fetch_ahead_workers, "dataflow-fetch-ahead")
+        self._link = Link(self.fetch_ahead_workers)  # the ranged GETs of large shards, in the order of need
         self._calls = 0  # work_ahead calls: the order of need between them
         self._fs: Any = None
         self._fs_pid = -1
@@ -201,8 +204,8 @@ class Storage:
             for i, shard in enumerate(shards):
                 path = self._entry(shard) + (decoded.suffix(decode[0]) if decode else "")
                 keys.add(path)
-                self._ahead.submit(path, (first_tier + t, call, i),
-                                   functools.partial(self._claim_ahead, shard, path, decode))
+                order = (first_tier + t, call, i)
+                self._ahead.submit(path, order, functools.partial(self._claim_ahead, shard, path, decode, order))
         return keys
 
     def cache_problem(self) -> OSError | None:
@@ -215,6 +218,8 @@ class Storage:
         exit) and release every shard held."""
         ahead, self._ahead = self._ahead, FetchAhead(self.fetch_ahead_workers, "dataflow-fetch-ahead")
         ahead.close(wait)
+        link, self._link = self._link, Link(self.fetch_ahead_workers)
+        link.close()
         self._holds.close()
 
     def _wake(self) -> None:
@@ -229,16 +234,17 @@ class Storage:
         return os.path.join(self.cache_root, *[p for p in folder.split("/") if p],
                             f"{shard.sha256[:16].lower()}-{name}")
 
-    def _local(self, shard: ShardInfo, room: cache.Room | None = None) -> str:
-        """`local_path`; `room`: the fetch-ahead's claim, which the download takes its room from."""
+    def _local(self, shard: ShardInfo, room: cache.Room | None = None, order: Order | None = None) -> str:
+        """`local_path`; `room`: the fetch-ahead's claim, which the download takes its room from; `order`: its
+        place in the order of need (None: a reader waits for it)."""
         if not self.remote:
             return self.in_place(shard)
         path = self._entry(shard)
         self._holds.hold(path, shard.bytes, lambda: cache.verified(path, shard.bytes),
-                         lambda: self._fetch(shard, path, wait=True, room=room))
+                         lambda: self._fetch(shard, path, wait=True, room=room, order=order))
         return path
 
-    def _claim_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None) -> Fetch | None:
+    def _claim_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None, order: Order) -> Fetch | None:
         """A fetch-ahead task's first step (in queue order): claim the room its download and decode need,
         or None when that does not fit beside what is held; then the work, which holds the shard after."""
         if self._holds.held_ahead(path):
@@ -251,22 +257,24 @@ class Storage:
                 size += shard.bytes  # the compressed copy too, until its decoded copy replaces it
             if not room.claim(size):
                 return None
-        return functools.partial(self._hold_ahead, shard, path, decode, room)
+        return functools.partial(self._hold_ahead, shard, path, decode, room, order)
 
-    def _hold_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None, room: cache.Room) -> None:
+    def _hold_ahead(self, shard: ShardInfo, path: str, decode: tuple[str, int] | None, room: cache.Room,
+                    order: Order) -> None:
         """Make the shard ready (its room claimed), and hold it for the reader."""
         try:
             if decode:
-                make = functools.partial(self._decode, shard, path, *decode, room=room)
+                make = functools.partial(self._decode, shard, path, *decode, room=room, order=order)
                 ready: Callable[[], bool] = functools.partial(os.path.exists, path)
             else:
-                make = functools.partial(self._fetch, shard, path, wait=False, room=room)
+                make = functools.partial(self._fetch, shard, path, wait=False, room=room, order=order)
                 ready = functools.partial(cache.verified, path, shard.bytes)
             self._holds.hold(path, self.cache_bytes(shard, decode), ready, make, ahead=True)
         finally:
             room.free()
 
-    def _decode(self, shard: ShardInfo, path: str, fmt: str, itemsize: int, room: cache.Room | None = None) -> bool:
+    def _decode(self, shard: ShardInfo, path: str, fmt: str, itemsize: int, room: cache.Room | None = None,
+                order: Order | None = None) -> bool:
         """Decode the shard into `path` unless someone else just did; whether this call decoded it. `room`:
         the fetch-ahead's claim, kept for the decoded copy once the compressed one is here."""
         if self.cache_limit is None and not self.remote and self._limit_arg is None:
@@ -279,7 +287,7 @@ class Storage:
                 room.hand_over(size)
 
         try:
-            seconds = decoded.decode_into(path, shard, fmt, itemsize, functools.partial(self._local, shard, room),
+            seconds = decoded.decode_into(path, shard, fmt, itemsize, functools.partial(self._local, shard, room, order),
                                           check_source=not self.remote,
                                           name=self.url(shard), claim=claim)
         except OSError as e:
@@ -308,7 +316,8 @@ class Storage:
             self._fs_pid = os.getpid()
         return self._fs, self._rroot
 
-    def _fetch(self, shard: ShardInfo, path: str, wait: bool, room: cache.Room | None = None) -> None:
+    def _fetch(self, shard: ShardInfo, path: str, wait: bool, room: cache.Room | None = None,
+               order: Order | None = None) -> None:
         """Download under the shard's `.dl` lock unless another holder completed it; `wait=False`
         leaves a shard that another process or thread is downloading to that one. The download claims its
         room first (evicting what is not in use), or takes it from the fetch-ahead's `room`."""
@@ -325,14 +334,15 @@ class Storage:
                 self._make_room(shard.bytes)
             else:  # the download's own part file, counted at its size from now
                 room.hand_over(shard.bytes, cache.part_path(path, shard.bytes))
-            self._download(shard, path)
+            self._download(shard, path, order)
         finally:
             release(fd, path + ".dl")
 
-    def _download(self, shard: ShardInfo, path: str) -> None:
+    def _download(self, shard: ShardInfo, path: str, order: Order | None) -> None:
         fs, rroot = self._filesystem()
         download_verified(fs, remote.shard_url(rroot, shard.path), path, shard, self.url(shard),
-                          self.retries, self.root, lambda e: self._full(shard, e), done=self._downloaded)
+                          self.retries, self.root, lambda e: self._full(shard, e), done=self._downloaded,
+                          link=self._link, order=order)
 
     def _downloaded(self) -> None:
         with self._mu:
