@@ -273,7 +273,7 @@ def _parse() -> argparse.Namespace:
     unknown = [p for p in args.peers if p not in PEERS]
     if unknown:
         ap.error(f"unknown peer {unknown[0]}: the peers are {', '.join(PEERS)}")
-    if args.peers and not os.path.exists(args.peer_python):
+    if args.peers and not (args.child or args.convert) and not os.path.exists(args.peer_python):
         ap.error(f"{args.peer_python} not found: `make bench-setup` builds it, or pass --peers none")
     return args
 

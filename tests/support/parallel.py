@@ -32,9 +32,9 @@ def settings(data: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
             "log.every=1", *extra]
 
 
-def run_cli(sets: list[str], nproc: int = 1) -> subprocess.CompletedProcess:
+def run_cli(sets: list[str], nproc: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
     """The trainer on one thread per process (4 processes share 2 cores)."""
-    return support.run_cli(sets, nproc, env={"OMP_NUM_THREADS": "1"})
+    return support.run_cli(sets, nproc, timeout, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")
