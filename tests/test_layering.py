@@ -53,7 +53,7 @@ LOADING_LAYERS = [
     ("index", "shards"),
     ("storage",),
     ("decoded", "download", "holds", "ahead"),  # holds: entries in use; ahead: fetch-ahead in the order of need
-    ("cache",),
+    ("cache", "link"),  # link: the ranged GETs of one Storage, in the order of need
     ("mixing", "shuffle", "stages"),
     ("contract",),  # the doors: BatchSource, SampleSource, FillReport
     ("cursor",),
