@@ -3,6 +3,7 @@ item 4): the batch awaited, each worker's OS figures, its Python stack and the s
 a stage hook (it runs where the batch is built) that sleeps in Python on one batch."""
 
 import logging
+import signal
 import time
 
 import pytest
@@ -25,9 +26,14 @@ def _reports(caplog):
     return [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_a_stalled_loader_logs_what_its_processes_are_doing(kjv_data, caplog, workers):  # noqa: F811
+@pytest.mark.parametrize("workers, reset_by_a_framework", [(0, False), (1, False), (1, True)])
+def test_a_stalled_loader_logs_what_its_processes_are_doing(kjv_data, caplog, workers, reset_by_a_framework):  # noqa: F811
     _calls["n"] = 0
+    if reset_by_a_framework:  # an earlier loader's handler, then what Lightning's teardown does to every signal
+        from dataflow.loading import watchdog
+        StreamingDataLoader(StreamingDataset(kjv_data, seq_len=64), num_workers=1, watchdog_s=1,
+                            multiprocessing_context="fork")._watchdog.prepare_fork()
+        signal.signal(watchdog.STACK_SIGNAL, signal.getsignal(watchdog.STACK_SIGNAL))  # SIG_DFL: Python sees no handler
     # fork named: a worker's Python stack comes through the handler it inherits (spawned ones give the OS figures
     # only), and another test of the same process may have changed the default start method
     loader = StreamingDataLoader(StreamingDataset(kjv_data, seq_len=64), batch_size=4, num_workers=workers,

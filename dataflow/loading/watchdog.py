@@ -55,6 +55,9 @@ class Watchdog:
             return
         fd, path = tempfile.mkstemp(prefix="dataflow-stacks-", suffix=".txt")
         handle = os.fdopen(fd, "w")
+        # Unregister first: a framework that restores every signal's Python handler (Lightning's teardown does)
+        # sets SIG_DFL over faulthandler's C handler, and `register` then believes it is still installed.
+        faulthandler.unregister(STACK_SIGNAL)
         faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True, chain=False)
         self._stacks = (path, handle)
 
