@@ -126,11 +126,7 @@ def run_single_zst(work: str, workers: int, timeout: float, env: dict, cpus: set
             "docs": s["documents"], "engine": s["engine"]}
 
 
-def main() -> int:
-    if sys.argv[1:2] == ["families"]:
-        from tools import bench_tokenize_families
-
-        return bench_tokenize_families.main(sys.argv[2:])
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=float, default=100)
     p.add_argument("--work", default=None, help="default bench-out/tokenize-<MB>M")
@@ -143,7 +139,32 @@ def main() -> int:
     p.add_argument("--json", default=os.path.join(ROOT, "bench-out", "results", "tokenize.json"))
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of raw gigatoken and ours on the one .jsonl.zst, interleaved; the ratios use medians")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def compare_ids(row: dict, out: str, ref_hashes: dict[int, collections.Counter], is_reference: bool) -> None:
+    """The row's ids against raw tokenizers' of the same worker count (documents' id hashes, as multisets)."""
+    w = row["workers"]
+    with open(out + ".hashes.json") as f:
+        hashes = collections.Counter(json.load(f))
+    if is_reference:
+        ref_hashes[w] = hashes
+    ref = ref_hashes.get(w) or next(iter(ref_hashes.values()), None)
+    if ref is None:
+        row["ids"] = "no reference"
+        return
+    diff = sum((hashes - ref).values()) + sum((ref - hashes).values())
+    row["ids_identical"] = diff == 0
+    row["ids"] = (f"identical ({row['docs']:,} docs)" if diff == 0 else
+                  f"DIFFER ({sum((hashes - ref).values())} of {row['docs']:,} docs)")
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["families"]:
+        from tools import bench_tokenize_families
+
+        return bench_tokenize_families.main(sys.argv[2:])
+    args = parse_args()
     compileall.compile_dir(os.path.join(ROOT, "dataflow"), quiet=1)
     if args.quick:
         args.mb, args.timeout = min(args.mb, 30), 300.0
@@ -174,18 +195,7 @@ def main() -> int:
             if "error" not in row:
                 row["mb_per_s"] = text / 1e6 / row["seconds"]
                 row["tokens_per_s"] = row["tokens"] / row["seconds"]
-                with open(out + ".hashes.json") as f:
-                    hashes = collections.Counter(json.load(f))
-                if peer == RAW and setting == "tokenizers":
-                    ref_hashes[w] = hashes
-                ref = ref_hashes.get(w) or next(iter(ref_hashes.values()), None)
-                if ref is None:
-                    row["ids"] = "no reference"
-                else:
-                    diff = sum((hashes - ref).values()) + sum((ref - hashes).values())
-                    row["ids_identical"] = diff == 0
-                    row["ids"] = (f"identical ({row['docs']:,} docs)" if diff == 0 else
-                                  f"DIFFER ({sum((hashes - ref).values())} of {row['docs']:,} docs)")
+                compare_ids(row, out, ref_hashes, is_reference=peer == RAW and setting == "tokenizers")
             results.append(row)
             print_row(row, label, w)
             if "steady_seconds" in row:

@@ -5,7 +5,7 @@ decoder, post-processor, added and special tokens), built with `tokenizers` itse
     .venv/bin/python tools/make_test_tokenizers.py [OUT_DIR]   (default tests/data/tokenizers)
 
 What must match a published file is the pipeline, not the size: the engines' proofs and the family tests
-(tests/test_tokenizer_families.py) exercise every stage. The published files copied, option for option:
+(tests/tokenizers/test_tokenizer_families.py) exercise every stage. The published files copied, option for option:
 - llama3: meta-llama/Meta-Llama-3-8B `tokenizer.json` (also 3.1, 3.2): no normalizer; Split(Llama 3's regex,
   Isolated) + ByteLevel(use_regex=false); BPE ignore_merges; 256 special tokens after the vocabulary
   (<|begin_of_text|>, <|end_of_text|>, <|reserved_special_token_N|>, <|start_header_id|>, <|eot_id|>, ...);

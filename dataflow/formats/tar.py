@@ -30,7 +30,7 @@ from dataflow.formats.atomic import atomic_open
 from dataflow.formats.manifest import ShardInfo
 
 # "block" means tokenize's input blocks in dataflow/; here it is the POSIX tar term (512 bytes), kept as a
-# named exception (tests/test_words.py) so that the code reads like the standard it parses.
+# named exception (tests/architecture/test_words.py) so that the code reads like the standard it parses.
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 _NPY_HEADER = re.compile(rb"\{'descr': '([<>|=][a-z]\d{1,2})', 'fortran_order': False, 'shape': \((\d{1,19}),\), \}")
