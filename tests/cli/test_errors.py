@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from support.data import KJV
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 from dataflow.cli import main
 from dataflow.errors import (ConfigError, CredentialsError, DataflowError, MissingDependencyError,
                              NotADatasetError, UnreachableError)
@@ -30,8 +31,7 @@ def cli(capsys, *argv: str) -> tuple[int, str]:
 
 
 def run(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dataflow", *argv], capture_output=True, text=True, timeout=180,
-                          env=env)
+    return run_dataflow(*argv, timeout=180, env=env)
 
 
 def clean_env(**extra: str) -> dict:

@@ -4,20 +4,18 @@ and folders), as a user reruns them; the killed writer's temp is made as it leav
 
 import fcntl
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from dataflow import ShardWriter, TokenizerMeta
 from dataflow.formats.atomic import temp_beside
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
-DATAFLOW = [sys.executable, "-m", "dataflow.cli"]
 
 
 def run(*args):
-    p = subprocess.run([*DATAFLOW, *map(str, args), "--no-progress"], capture_output=True, text=True)
+    p = run_dataflow(*args, "--no-progress")
     assert p.returncode == 0, p.stderr
     return p
 

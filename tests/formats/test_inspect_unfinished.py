@@ -11,12 +11,13 @@ import pytest
 
 from support import kill_points
 from support.data import KJV
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 from dataflow.formats.manifest import TOKENIZE_WORK_DIR
 from dataflow.preprocess.layout import WORK_DIR
 
 
 def dataflow(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dataflow", *args], capture_output=True, text=True, timeout=120)
+    return run_dataflow(*args, timeout=120)
 
 
 def test_the_formats_layer_names_tokenize_work_folder_as_tokenize_does():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 
 import pytest
 
@@ -16,7 +15,7 @@ from dataflow.cli import main
 from dataflow.formats import remote
 from support.http_files import serve
 from support.s3_server import moto_s3
-from support.cli import DATAFLOW
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +46,7 @@ def no_backoff(monkeypatch):
 def dataflow(*args, cache=None):
     env = dict(os.environ, **({"DATAFLOW_CACHE": str(cache)} if cache else {}))
     quiet = ["--no-progress"] if args[0] in ("tokenize", "verify", "decode") else []
-    return subprocess.run([*DATAFLOW, *map(str, args), *quiet], capture_output=True, text=True, env=env)
+    return run_dataflow(*args, *quiet, env=env)
 
 
 def tokenize(src, out, *extra, cache):

@@ -12,6 +12,7 @@ import zstandard
 
 from support import kill_points
 from support.cli import DATAFLOW, dataset_bytes
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
 ARGS = ["--no-progress", "--unit-size", "64KB", "--shard-size", "64KB", "--workers", "1"]
 
@@ -29,7 +30,7 @@ def folder(kjv, tmp_path):
 
 
 def tokenize(*args, check=False):
-    return subprocess.run([*DATAFLOW, "tokenize", *map(str, args)], capture_output=True, text=True, check=check)
+    return run_dataflow("tokenize", *args, check=check)
 
 
 def killed_at(unit, src, out):

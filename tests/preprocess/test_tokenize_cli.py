@@ -2,8 +2,6 @@
 
 import gzip
 import json
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,8 +9,8 @@ import pytest
 import zstandard
 
 from dataflow.cli import main
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
-DATAFLOW = [sys.executable, "-m", "dataflow.cli"]
 
 
 def kjv_docs(kjv):
@@ -22,7 +20,7 @@ def kjv_docs(kjv):
 
 
 def run(*args, check=True):
-    p = subprocess.run([*DATAFLOW, *map(str, args)], capture_output=True, text=True)
+    p = run_dataflow(*args)
     if check and p.returncode != 0:
         raise AssertionError(f"exit {p.returncode}: {p.stderr}")
     return p

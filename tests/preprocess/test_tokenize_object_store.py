@@ -13,6 +13,7 @@ import pytest
 from support import kill_points
 from support.s3_server import moto_s3
 from support.cli import DATAFLOW
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +25,8 @@ def s3():
 
 def tokenize(src, out, *extra, cache):
     env = dict(os.environ, DATAFLOW_CACHE=str(cache))
-    return subprocess.run([*DATAFLOW, "tokenize", str(src), "-o", str(out), "--no-progress", "--unit-size", "256KB",
-                           "--shard-size", "512KB", *map(str, extra)], capture_output=True, text=True, env=env)
+    return run_dataflow("tokenize", src, "-o", out, "--no-progress", "--unit-size", "256KB", "--shard-size", "512KB",
+                        *extra, env=env)
 
 
 def decoded(dataset) -> list[str]:

@@ -18,6 +18,7 @@ import zstandard
 from support import kill_points
 from support.s3_server import moto_s3
 from support.cli import DATAFLOW, dataset_bytes
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
 ARGS = ["--no-progress", "--unit-size", "256KB", "--shard-size", "128KB"]
 
@@ -30,7 +31,7 @@ def lines(kjv) -> list[bytes]:
 
 def tokenize(*args, cache=None):
     env = dict(os.environ, **({"DATAFLOW_CACHE": str(cache)} if cache else {}))
-    return subprocess.run([*DATAFLOW, "tokenize", *map(str, args), *ARGS], capture_output=True, text=True, env=env)
+    return run_dataflow("tokenize", *args, *ARGS, env=env)
 
 
 def files_of(folder) -> dict[str, str]:

@@ -4,15 +4,15 @@ deleted the finished dataset, then exited 2 as a usage error. Real CLI, KJV."""
 
 import os
 import subprocess
-import sys
 
 import pytest
 
-DATAFLOW = [sys.executable, "-m", "dataflow.cli"]
+from support.cli import DATAFLOW
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
 
 def run(*args):
-    return subprocess.run([*DATAFLOW, *map(str, args), "--no-progress"], capture_output=True, text=True)
+    return run_dataflow(*args, "--no-progress")
 
 
 def files(folder):

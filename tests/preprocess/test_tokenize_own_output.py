@@ -17,6 +17,7 @@ import zstandard
 from support import kill_points
 from support.data import GPT2_JSON
 from support.cli import DATAFLOW
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
 ARGS = ["--no-progress", "--workers", "1"]
 
@@ -27,8 +28,7 @@ def kjv_lines(kjv) -> list[bytes]:
 
 
 def tokenize(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*DATAFLOW, "tokenize", *map(str, args), *ARGS], capture_output=True, text=True, cwd=cwd,
-                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    return run_dataflow("tokenize", *args, *ARGS, cwd=cwd, env=dict(os.environ, PYTHONPATH=os.getcwd()))
 
 
 def every_file(folder) -> dict[str, str]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 
 import pytest
 import zstandard
 
-from support.cli import DATAFLOW
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
 ARGS = ["--no-progress"]
 
@@ -22,8 +21,7 @@ def kjv_lines(kjv) -> list[bytes]:
 
 
 def tokenize(*args, cwd=None):
-    return subprocess.run([*DATAFLOW, "tokenize", *map(str, args), *ARGS], capture_output=True, text=True, cwd=cwd,
-                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    return run_dataflow("tokenize", *args, *ARGS, cwd=cwd, env=dict(os.environ, PYTHONPATH=os.getcwd()))
 
 
 @pytest.mark.parametrize("content, said", [

@@ -2,16 +2,15 @@
 document, in the order named, the join recorded in the manifest's settings; through the real CLI on KJV."""
 
 import json
-import subprocess
-import sys
 
 import zstandard
 
-DATAFLOW = [sys.executable, "-m", "dataflow.cli"]
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
+
 
 
 def run(*args):
-    return subprocess.run([*DATAFLOW, *map(str, args)], capture_output=True, text=True)
+    return run_dataflow(*args)
 
 
 def kjv_records(kjv):

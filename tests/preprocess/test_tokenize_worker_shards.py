@@ -11,6 +11,7 @@ import pytest
 import zstandard
 
 from support.cli import DATAFLOW, dataset_bytes
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +29,7 @@ def anonymous(kjv, tmp_path_factory):
 
 
 def run(src, out, *extra):
-    p = subprocess.run([*DATAFLOW, "tokenize", str(src), "-o", str(out), "--no-progress", "--json",
-                        *map(str, extra)], capture_output=True, text=True)
-    return p
+    return run_dataflow("tokenize", src, "-o", out, "--no-progress", "--json", *extra)
 
 
 def test_the_cut_and_the_bytes_do_not_depend_on_workers(kjv10, tmp_path):

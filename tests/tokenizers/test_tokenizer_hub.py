@@ -10,12 +10,12 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 from tokenizers import Tokenizer as HF
 
 from support.data import GPT2_JSON
+from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
 from dataflow.cli import main
 from dataflow.errors import ConfigError, FormatError
 from dataflow.formats.manifest import Manifest, read_manifest
@@ -141,9 +141,8 @@ def test_a_bare_name_is_a_repository_only_when_said(cache):
 def _cli(tmp_path: pathlib.Path, tokenizer: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"text": "hello"}) + "\n")
-    return subprocess.run([sys.executable, "-m", "dataflow", "tokenize", str(src), "-o", str(tmp_path / "out"),
-                           "--tokenizer", tokenizer, "--no-progress"], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=120)
+    return run_dataflow("tokenize", src, "-o", tmp_path / "out", "--tokenizer", tokenizer, "--no-progress",
+                        env={**os.environ, **env}, timeout=120)
 
 
 @pytest.mark.parametrize("spec, command", [
