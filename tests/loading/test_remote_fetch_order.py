@@ -9,26 +9,14 @@ import os
 import threading
 import time
 
-import numpy as np
 import torch
 
-from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
+from dataflow import StreamingDataLoader, StreamingDataset
 from support.http_files import _Files, serve
-from support.s3_server import moto_s3
+from support.loading import kjv_lines_dataset
+from support.s3_server import moto_s3, shard_gets
 
-BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 SEQ, B = 127, 8
-
-
-def _kjv_dataset(kjv, out, size: int, shard_size: str) -> str:
-    import zstandard
-
-    with open(kjv, "rb") as f:
-        lines = zstandard.ZstdDecompressor().stream_reader(f).read(size).splitlines()[:-1]
-    with ShardWriter(str(out), tokenizer_meta=BYTES, shard_size=shard_size, compression="zstd") as w:
-        for i, line in enumerate(lines):
-            w.write(np.frombuffer(line, np.uint8).astype(np.uint16), id=f"kjv{i}")
-    return str(out)
 
 
 class _Slow(_Files):
@@ -47,7 +35,7 @@ class _Slow(_Files):
 
 def test_the_current_window_is_fetched_before_the_next_starts(kjv, tmp_path):
     root = tmp_path / "srv"
-    _kjv_dataset(kjv, root / "ds", 600_000, "64KB")
+    kjv_lines_dataset(root / "ds", 600_000, "64KB")
     _Slow.spans.clear()
     with serve(str(root), _Slow) as (url, _, _):
         ds = StreamingDataset(url + "/ds", seq_len=SEQ, seed=3, shuffle_window=2, cache_dir=str(tmp_path / "c"))
@@ -67,18 +55,9 @@ def test_the_current_window_is_fetched_before_the_next_starts(kjv, tmp_path):
 
 
 def test_a_shard_larger_than_the_block_size_is_one_get(kjv, tmp_path, monkeypatch):
-    import s3fs
 
-    path = _kjv_dataset(kjv, tmp_path / "ds", 1_500_000, "4MB")  # one shard of ~1 MB compressed
-    gets = []
-    real = s3fs.S3FileSystem._call_s3
-
-    async def counting(self, method, *a, **kw):
-        if method == "get_object" and kw.get("Key", "").endswith(".arrow"):
-            gets.append(kw.get("Range"))
-        return await real(self, method, *a, **kw)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    path = kjv_lines_dataset(tmp_path / "ds", 1_500_000, "4MB")  # one shard of ~1 MB compressed
+    gets = shard_gets(monkeypatch)
     with moto_s3("bench-one-get") as (endpoint, client):
         for name in os.listdir(path):
             client.upload_file(os.path.join(path, name), "bench-one-get", f"ds/{name}")
@@ -101,7 +80,7 @@ def test_an_object_store_manifest_is_one_get(kjv, tmp_path, monkeypatch):
     from dataflow import FormatError
     from dataflow.formats import manifest_bounds
 
-    path = _kjv_dataset(kjv, tmp_path / "ds", 300_000, "64KB")
+    path = kjv_lines_dataset(tmp_path / "ds", 300_000, "64KB")
     calls = []
     real = s3fs.S3FileSystem._call_s3
 

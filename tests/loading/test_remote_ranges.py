@@ -10,31 +10,19 @@ import os
 import re
 import threading
 
-import numpy as np
 import pytest
 import torch
 
-from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset, TokenizerMeta
+from dataflow import StreamingDataLoader, StreamingDataset
 from dataflow.loading.link import Link
 from dataflow.loading.storage import Storage
 from dataflow.formats.manifest import read_manifest
 from support.http_files import _Files, serve
-from support.s3_server import moto_s3
+from support.loading import kjv_lines_dataset
+from support.s3_server import moto_s3, shard_gets
 
-BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
 SEQ, B = 127, 8
 STEP = 128 << 10  # DATAFLOW_RANGE_BYTES in these tests: a ~1 MB shard is several ranges
-
-
-def _kjv_dataset(kjv, out, size: int, shard_size: str) -> str:
-    import zstandard
-
-    with open(kjv, "rb") as f:
-        lines = zstandard.ZstdDecompressor().stream_reader(f).read(size).splitlines()[:-1]
-    with ShardWriter(str(out), tokenizer_meta=BYTES, shard_size=shard_size, compression="zstd") as w:
-        for i, line in enumerate(lines):
-            w.write(np.frombuffer(line, np.uint8).astype(np.uint16), id=f"kjv{i}")
-    return str(out)
 
 
 def _batches(ds) -> list[torch.Tensor]:
@@ -46,19 +34,10 @@ def _same(got, want) -> bool:
 
 
 def test_a_large_s3_shard_is_ranged_gets_each_byte_once(kjv, tmp_path, monkeypatch):
-    import s3fs
 
     monkeypatch.setenv("DATAFLOW_RANGE_BYTES", str(STEP))
-    path = _kjv_dataset(kjv, tmp_path / "ds", 2_000_000, "4MB")  # one shard of ~1.3 MB compressed
-    gets = []
-    real = s3fs.S3FileSystem._call_s3
-
-    async def counting(self, method, *a, **kw):
-        if method == "get_object" and kw.get("Key", "").endswith(".arrow"):
-            gets.append(kw.get("Range"))
-        return await real(self, method, *a, **kw)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    path = kjv_lines_dataset(tmp_path / "ds", 2_000_000, "4MB")  # one shard of ~1.3 MB compressed
+    gets = shard_gets(monkeypatch)
     with moto_s3("ranges") as (endpoint, client):
         for name in os.listdir(path):
             client.upload_file(os.path.join(path, name), "ranges", f"ds/{name}")
@@ -76,7 +55,7 @@ def test_a_large_s3_shard_is_ranged_gets_each_byte_once(kjv, tmp_path, monkeypat
 def test_a_server_that_ignores_range_costs_one_whole_get(kjv, tmp_path, monkeypatch):
     monkeypatch.setenv("DATAFLOW_RANGE_BYTES", str(STEP))
     root = tmp_path / "srv"
-    path = _kjv_dataset(kjv, root / "ds", 2_000_000, "4MB")
+    path = kjv_lines_dataset(root / "ds", 2_000_000, "4MB")
     with serve(str(root)) as (url, asked, _):  # this server answers every GET with the whole file
         ds = StreamingDataset(f"{url}/ds", seq_len=SEQ, seed=1, cache_dir=str(tmp_path / "c"))
         assert ds.shards[0][1].bytes > 4 * STEP
@@ -126,7 +105,7 @@ class _Ranged(_Files):
 def test_a_damaged_range_is_caught_by_the_shard_hash_and_fetched_again(kjv, tmp_path, monkeypatch):
     monkeypatch.setenv("DATAFLOW_RANGE_BYTES", str(STEP))
     root = tmp_path / "srv"
-    path = _kjv_dataset(kjv, root / "ds", 2_000_000, "4MB")
+    path = kjv_lines_dataset(root / "ds", 2_000_000, "4MB")
     _Ranged.served.clear()
     shard = read_manifest(path).shards[0]
     _Ranged.damage = {f"/ds/{shard.path}"}
@@ -146,7 +125,7 @@ def test_two_shards_fetched_ahead_at_once_ask_each_range_once(kjv, tmp_path, mon
     asks first, alone; the other waits for it), then both shards come as ranges, each asked for once."""
     monkeypatch.setenv("DATAFLOW_RANGE_BYTES", str(STEP))
     root = tmp_path / "srv"
-    path = _kjv_dataset(kjv, root / "ds", 4_000_000, "4MB")
+    path = kjv_lines_dataset(root / "ds", 4_000_000, "4MB")
     shards = read_manifest(path).shards[:2]
     assert len(shards) == 2 and min(s.bytes for s in shards) > 4 * STEP
     _Ranged.served.clear()

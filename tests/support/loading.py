@@ -12,6 +12,18 @@ from dataflow import ShardWriter, StreamingDataLoader, StreamingDataset, Tokeniz
 from support.data import KJV
 
 SEQ, BATCH = 64, 4  # the audit tests' samples and batches
+BYTES = TokenizerMeta(kind="bytes", name="bytes", vocab_size=257, eos_id=256)
+
+
+def kjv_lines_dataset(out, size: int, shard_size: str) -> str:
+    """The KJV's JSONL lines (the first `size` bytes, whole lines) as byte-token documents in zstd shards of
+    `shard_size`: the remote loading tests' datasets."""
+    with open(KJV, "rb") as f:
+        lines = zstandard.ZstdDecompressor().stream_reader(f).read(size).splitlines()[:-1]
+    with ShardWriter(str(out), tokenizer_meta=BYTES, shard_size=shard_size, compression="zstd") as w:
+        for i, line in enumerate(lines):
+            w.write(np.frombuffer(line, np.uint8).astype(np.uint16), id=f"kjv{i}")
+    return str(out)
 
 
 @pytest.fixture(scope="module")

@@ -55,3 +55,20 @@ def moto_s3(bucket: str, endpoint_env: bool = False) -> Iterator[tuple[str, obje
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def shard_gets(monkeypatch, suffix: str = ".arrow") -> list:
+    """From now on, the `Range` of every GET that s3fs makes for an object ending in `suffix` (None: the whole
+    object), in the order made."""
+    import s3fs
+
+    gets: list = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *a, **kw):
+        if method == "get_object" and kw.get("Key", "").endswith(suffix):
+            gets.append(kw.get("Range"))
+        return await real(self, method, *a, **kw)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    return gets
