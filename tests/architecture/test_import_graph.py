@@ -101,3 +101,40 @@ def test_nothing_below_the_face_imports_the_package_face():
 def test_the_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The design's flow, as package levels: a package imports only packages of a lower level (siblings on one level
+# know nothing of each other). Level 0 are the top-level helpers of dataflow/ (errors, env, sizes, locks, ...),
+# which may import one another (the circle test above keeps that one-way).
+LEVELS = {
+    "formats": 1,
+    "sources": 2, "tokenizers": 2, "audit": 2,  # audit: the data-order log the loader writes and `audit` reads
+    "preprocess": 3, "loading": 3,
+    "convert": 4, "profiling": 4,
+    "dataflow": 5, "dataflow.cli": 5,  # the package face and the command line
+    "dataflow.__main__": 6, "trainer": 6,
+}
+
+
+def _level_of(module: str) -> tuple[str, int]:
+    parts = module.split(".")
+    if parts[0] == "trainer":
+        return "trainer", LEVELS["trainer"]
+    if module in LEVELS:
+        return module, LEVELS[module]
+    if len(parts) > 1 and parts[1] in LEVELS:
+        return parts[1], LEVELS[parts[1]]
+    if len(parts) == 2:  # a top-level helper module of dataflow/
+        return module, 0
+    raise AssertionError(f"{module}: a package the flow does not place; add it to LEVELS")
+
+
+def test_packages_import_only_downward():
+    bad = []
+    for module, deps in sorted(graph().items()):
+        (name, level) = _level_of(module)
+        for dep in sorted(deps):
+            (dep_name, dep_level) = _level_of(dep)
+            if dep_name != name and dep_level >= level and not (level == dep_level == 0):
+                bad.append(f"{module} (level {level}) imports {dep} (level {dep_level})")
+    assert not bad, "imports that run up or across the flow:\n" + "\n".join(bad)
