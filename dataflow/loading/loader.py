@@ -91,6 +91,12 @@ def _check_arguments(given: dict[str, Any]) -> None:
             raise ConfigError(f"StreamingDataLoader: {name} must be {want}, got {given[name]!r}")
 
 
+def held_after_reserve(held_batches: int, reserved: int) -> int:
+    """A loader's `held_batches` once a consumer reserved room for `reserved` held batches (`reserve_held`): the
+    larger, so a prefetcher never lowers what the user asked for (the profiler's memory estimate uses this rule)."""
+    return max(int(held_batches), int(reserved))
+
+
 def _start_method(context: Any) -> str | None:
     """How worker processes start under `multiprocessing_context` (None: torch's default)."""
     if context is None or isinstance(context, str):
@@ -198,7 +204,7 @@ class StreamingDataLoader:
     def reserve_held(self, batches: int) -> None:
         """Room for `batches` yielded batches held at once (`DevicePrefetcher` holds `held_upstream(depth)`); the
         worker ring is sized when it is made, at the next `iter()` that starts workers."""
-        self.held_batches = max(self.held_batches, int(batches))
+        self.held_batches = held_after_reserve(self.held_batches, batches)
 
     @property
     def stats(self) -> LoaderStats:

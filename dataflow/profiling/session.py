@@ -68,10 +68,10 @@ def resolve_device(device: str) -> str:
 
 def held_batches(depth: int) -> int:
     """The loader's `held_batches` behind a prefetcher of `depth`: what it holds, or the loader's default if more."""
-    from dataflow.loading.loader import HELD_BATCHES
+    from dataflow.loading.loader import HELD_BATCHES, held_after_reserve
     from dataflow.loading.prefetch import held_upstream
 
-    return max(HELD_BATCHES, held_upstream(depth))
+    return held_after_reserve(HELD_BATCHES, held_upstream(depth))
 
 
 def memory_estimate_mb(s: RunSettings, manifest_tokens: int, shards: int, shuffle_window: int, cuda: bool) -> float:
