@@ -232,12 +232,14 @@ class ShardWriter:
                               f"tokenizer_meta {self.meta.name!r}), got {bad}; pass the metadata of the tokenizer "
                               f"that made the ids")
 
-    def fill_count(self, lengths: np.ndarray) -> int:
-        """How many of these documents (token counts, in order) go into the open shard: up to and
-        including the one that completes it, or all of them."""
-        cum = np.cumsum(lengths, dtype=np.int64) * self.dtype.itemsize
-        k = int(np.searchsorted(cum, self.shard_size - self._shard_tokens * self.dtype.itemsize, side="left"))
-        return min(k + 1, len(lengths))
+    def fill_count(self, cum: np.ndarray, i: int) -> int:
+        """How many documents from the i-th on go into the open shard: up to and including the one that completes
+        it, or all of them. `cum[j]`: the tokens of the documents before the j-th (one cumulative sum a call of
+        `write_batch`, searched here, instead of a sum of the rest at every shard and record batch)."""
+        room = self.shard_size - self._shard_tokens * self.dtype.itemsize  # bytes
+        need = -(-room // self.dtype.itemsize)  # the tokens that reach the room: cum * itemsize >= room
+        k = int(np.searchsorted(cum[i + 1:], cum[i] + need, side="left"))
+        return min(k + 1, len(cum) - 1 - i)
 
     def write_batch(self, values: np.ndarray, offsets: np.ndarray, ids: DocIds) -> list[ShardInfo]:
         """Add many documents at once (`values[offsets[i]:offsets[i+1]]` with `ids` i); the shards are
@@ -248,11 +250,12 @@ class ShardWriter:
             raise ConfigError(f"{len(ids)} ids for {len(offsets) - 1} documents")
         self._check_ids(values, "write_batch")
         lengths = np.diff(offsets)
+        cum = np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths, dtype=np.int64)])
         done, i = [], 0
         while i < len(lengths):
-            end = i + self.fill_count(lengths[i:])  # or sooner, where a record batch fills up
-            cum = np.cumsum(lengths[i:end], dtype=np.int64)
-            k = int(np.searchsorted(cum, self._format.batch_tokens() - self._pending.ntokens, side="left"))
+            end = i + self.fill_count(cum, i)  # or sooner, where a record batch fills up
+            k = int(np.searchsorted(cum[i + 1:end + 1], cum[i] + self._format.batch_tokens() - self._pending.ntokens,
+                                    side="left"))
             end = min(end, i + k + 1)
             part = values[offsets[i]:offsets[end]]
             if not len(self._pending) and self._pending_would_fill(lengths[i:end]):
