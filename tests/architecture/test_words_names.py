@@ -41,3 +41,12 @@ def test_the_guard_sees_a_second_definition(tmp_path):
         (tmp_path / "dataflow" / folder / "m.py").write_text(text + "STAGES = ()\nclass _Own:\n    pass\n")
     assert duplicates(tmp_path) == {"Layout": ["dataflow/loading/m.py", "dataflow/profiling/m.py"],
                                     "_Own": ["dataflow/loading/m.py", "dataflow/profiling/m.py"]}
+
+
+def test_no_module_is_named_for_a_word_that_means_something_else_here():
+    """`unit` is tokenize's work unit (`sources.records.Unit`); size helpers live in `sizes.py`, never `units.py`
+    (which read as the home of the work units)."""
+    taken = {"units": "the work Unit is sources/records.py's; size helpers are sizes.py"}
+    found = [f"{p.relative_to(ROOT)}: {taken[p.stem]}" for folder in GUARDED
+             for p in (ROOT / folder).rglob("*.py") if p.stem in taken]
+    assert not found, "\n".join(found)
