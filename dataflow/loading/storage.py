@@ -100,7 +100,10 @@ class Storage:
     def __getstate__(self) -> dict[str, Any]:
         keep = ("root", "remote", "cache_dir", "cache_limit", "storage_options", "fetch_ahead_workers",
                 "retries", "cache_root", "_limit_arg")
-        return {k: self.__dict__[k] for k in keep}
+        state = {k: self.__dict__[k] for k in keep}
+        if not self.remote and self._limit_arg is None:  # measured at a first decode, perhaps by a fetch-ahead
+            state["cache_limit"] = None  # thread just now: each copy measures its own, never a moment's value
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
