@@ -227,10 +227,10 @@ def test_the_prefetcher_asks_any_lending_loader_for_room_through_the_contract(co
     assert loader.held_batches == 6
 
 
-def test_a_local_datasets_copy_never_carries_a_limit_a_first_decode_measured(counting):
+def test_a_local_datasets_copy_never_carries_a_limit_a_first_decode_measured(counting, tmp_path):
     """A local dataset's default cache_limit is measured at its first decode, which a fetch-ahead thread may do
     at any moment: a copy (a worker's, a pickle) carries none of it, so what is sent never depends on timing."""
-    ds = StreamingDataset(counting, seq_len=L, seed=2)
+    ds = StreamingDataset(counting, seq_len=L, seed=2, cache_dir=str(tmp_path / "cache"))  # no decoded copy yet
     before = pickle.dumps(ds)
     ds[0]  # the first decode: the limit is measured now
     assert ds.storages[0].cache_limit is not None
