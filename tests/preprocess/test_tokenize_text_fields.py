@@ -5,12 +5,7 @@ import json
 
 import zstandard
 
-from support.cli import run as run_dataflow  # the one way the tests start `dataflow`
-
-
-
-def run(*args):
-    return run_dataflow(*args)
+from support.cli import run  # `dataflow ARGS...` in a subprocess
 
 
 def kjv_records(kjv):
