@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import queue
@@ -21,11 +22,12 @@ import pyarrow as pa
 
 from dataflow.errors import FormatError
 from dataflow.formats import arrays
+from dataflow.formats.arrow_ranges import HEAD_PREFIX, RANGES_KEY, head_length, ranges_text, ranges_width
+from dataflow.formats.arrow_columns import LAYOUT_KEY, checked_columns, checked_layout, one_line
 from dataflow.formats.hashing import sha256_local
-from dataflow.formats.manifest import MAX_COUNT, ShardInfo
+from dataflow.formats.manifest import ShardInfo
 
-RECORD_BATCH_TOKENS = 1 << 21  # 2M tokens: 4 MB of uint16 per decompression
-LAYOUT_KEY = b"dataflow.batches"  # JSON [[documents, tokens], ...] per record batch
+RECORD_BATCH_TOKENS = 1 << 18  # 256K tokens (512 KB of uint16, ~350 KB as zstd): a remote reader fetches batches
 SOURCE_KEY = b"dataflow.decoded_from"  # in a decoded copy: the sha256 of the compressed shard it came from
 
 
@@ -44,34 +46,37 @@ class ArrowShardFile:
     """One Arrow shard written a record batch at a time: each batch is compressed and written as soon as
     it is added, so a writer holds one record batch, not a shard, and no compression is left for the end.
 
-    The layout (documents and tokens per batch) belongs in the schema metadata, which Arrow writes before
-    the first batch and again in the footer; it is only known at the end. The schema therefore carries a
-    fixed-width placeholder, sized for the most batches a shard can hold, that `commit()` overwrites in
-    both places with the layout padded by spaces (still plain JSON). The file is written under a temp
-    name and renamed once complete, so a reader never sees half of it.
+    The layout (documents and tokens per batch) and each batch's byte range and sha256 (`arrow_ranges.py`)
+    belong in the schema metadata, which Arrow writes before the first batch and again in the footer; they
+    are only known at the end. The schema therefore carries fixed-width placeholders, sized for the most
+    batches a shard can hold, that `commit()` overwrites in both places, padded by spaces (still plain
+    JSON). The file is written under a temp name and renamed once complete, so a reader never sees half of it.
 
     Compression and writing run on a thread of their own, a record batch or two behind `add()` (Arrow
     releases the GIL while it compresses), so the process that produces the documents does not wait for
     zstd; an error there is raised by the next `add()` or by `commit()`.
     """
 
-    _PENDING = b'"dataflow: layout pending"'
-
     def __init__(self, path: str, dtype: str, compression: str, zstd_level: int | None, max_batches: int):
         self.path = path
         self.dtype = dtype
         self.layout: list[list[int]] = []
-        self._width = 2 + 48 * max(max_batches, 1)  # "[[docs, tokens], ...]": at most 48 bytes an entry
-        self._placeholder = self._PENDING + b" " * (self._width - len(self._PENDING))
+        self.ranges: list[list] = []  # [offset, length, sha256] of each record batch written
+        # "[[docs, tokens], ...]": at most 48 bytes an entry
+        self._widths = {LAYOUT_KEY: 2 + 48 * max(max_batches, 1), RANGES_KEY: ranges_width(max_batches)}
+        pending = {k: b'"dataflow: ' + k + b' pending"' for k in self._widths}
+        self._placeholders = {k: p + b" " * (self._widths[k] - len(p)) for k, p in pending.items()}
         self._schema = pa.schema([("tokens", pa.list_(arrow_type(dtype))), ("id", pa.string())],
-                                 metadata={LAYOUT_KEY: self._placeholder})
+                                 metadata=self._placeholders)
         fd, self._tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                          dir=os.path.dirname(os.path.abspath(path)))
         os.close(fd)
+        self._fd = os.open(self._tmp, os.O_RDONLY)  # reads back each batch written, for its sha256
         try:
             self._sink = pa.OSFile(self._tmp, "wb")
             self._writer = pa.ipc.new_file(self._sink, self._schema, options=_ipc_options(compression, zstd_level))
         except BaseException:
+            os.close(self._fd)
             os.unlink(self._tmp)
             raise
         self._queue: queue.Queue = queue.Queue(maxsize=2)  # bounded: at most two batches wait for zstd
@@ -93,8 +98,14 @@ class ArrowShardFile:
         while (batch := self._queue.get()) is not None:
             if self._error is None:  # after an error, only drain: add() and commit() raise it
                 try:
+                    start = self._sink.tell()
                     self._writer.write_batch(batch)
-                    self._written = (self._written[0] + 1, self._sink.tell())
+                    end = self._sink.tell()
+                    if start == 0:  # the magic and schema message came first
+                        start = head_length(os.pread(self._fd, HEAD_PREFIX, 0))
+                    data = os.pread(self._fd, end - start, start)
+                    self.ranges.append([start, end - start, hashlib.sha256(data).hexdigest()])
+                    self._written = (self._written[0] + 1, end)
                 except BaseException as e:
                     self._error = e
             self._queue.task_done()
@@ -130,23 +141,27 @@ class ArrowShardFile:
         self._raise_error()
         self._writer.close()
         self._sink.close()
-        text = json.dumps(self.layout, separators=(",", ":")).encode()
-        if len(text) > self._width:
-            raise RuntimeError(f"{self.path}: {len(self.layout)} record batches overflow the layout field")
-        final = text + b" " * (self._width - len(text))
+        os.close(self._fd)
+        layout = json.dumps(self.layout, separators=(",", ":")).encode()
+        fields = {LAYOUT_KEY: layout, RANGES_KEY: ranges_text(layout, self.ranges)}
+        for key, text in fields.items():
+            if len(text) > self._widths[key]:
+                raise RuntimeError(f"{self.path}: {len(self.layout)} record batches overflow the {key.decode()} field")
         with open(self._tmp, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             # the schema message follows the 8-byte magic and its 8-byte prefix; the footer ends 10 bytes
             # before the end of the file, its length stored just before the closing magic
-            head = os.pread(f.fileno(), int.from_bytes(os.pread(f.fileno(), 4, 12), "little") + 16, 0)
+            head = os.pread(f.fileno(), head_length(os.pread(f.fileno(), HEAD_PREFIX, 0)), 0)
             footer_len = int.from_bytes(os.pread(f.fileno(), 4, size - 10), "little")
             footer_at = size - 10 - footer_len
             footer = os.pread(f.fileno(), footer_len, footer_at)
-            for region, base in ((head, 0), (footer, footer_at)):
-                at = region.find(self._placeholder)
-                if at < 0 or region.find(self._placeholder, at + 1) >= 0:
-                    raise RuntimeError(f"{self.path}: cannot find the layout placeholder of the shard")
-                os.pwrite(f.fileno(), final, base + at)
+            for key, text in fields.items():
+                placeholder = self._placeholders[key]
+                for region, base in ((head, 0), (footer, footer_at)):
+                    at = region.find(placeholder)
+                    if at < 0 or region.find(placeholder, at + 1) >= 0:
+                        raise RuntimeError(f"{self.path}: cannot find the {key.decode()} placeholder of the shard")
+                    os.pwrite(f.fileno(), text + b" " * (len(placeholder) - len(text)), base + at)
         size, digest = sha256_local(self._tmp, sync=True)  # the filled-in file, made durable before the rename
         os.chmod(self._tmp, 0o644)  # mkstemp makes 0600; a dataset is meant to be shared
         os.replace(self._tmp, self.path)
@@ -159,6 +174,8 @@ class ArrowShardFile:
             self._writer.close()
         with contextlib.suppress(Exception):
             self._sink.close()
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
         if remove:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._tmp)
@@ -191,12 +208,12 @@ class ArrowShard:
             self._reader = pa.ipc.open_file(pa.memory_map(path, "r"),
                                             options=pa.ipc.IpcReadOptions(use_threads=False))
         except (pa.ArrowException, OSError) as e:
-            raise FormatError(f"{self.name}: not a readable Arrow IPC file ({_one_line(e)})") from None
+            raise FormatError(f"{self.name}: not a readable Arrow IPC file ({one_line(e)})") from None
         schema = self._reader.schema
         if schema.names[:2] != ["tokens", "id"] or not pa.types.is_list(schema.field(0).type) or not (
                 pa.types.is_string(schema.field(1).type) or pa.types.is_large_string(schema.field(1).type)):
             raise FormatError(f"{self.name}: expected columns tokens: list<uint16|uint32> and id: string, found "
-                              f"{_one_line(schema)}")
+                              f"{one_line(schema)}")
         layout = self._layout()
         self.batch_docs = np.array([d for d, _ in layout], dtype=np.int64)
         self.batch_tokens = np.array([t for _, t in layout], dtype=np.int64)
@@ -207,16 +224,7 @@ class ArrowShard:
     def _layout(self) -> list[list[int]]:
         meta = self._reader.schema.metadata or {}
         if LAYOUT_KEY in meta:
-            try:
-                layout = json.loads(meta[LAYOUT_KEY])
-            except (ValueError, RecursionError):
-                layout = None
-            ok = isinstance(layout, list) and len(layout) == self._reader.num_record_batches and all(
-                isinstance(p, list) and len(p) == 2 and all(_count(x) for x in p) for p in layout)
-            if not ok:
-                raise FormatError(f"{self.name}: its record batch layout ({LAYOUT_KEY.decode()} in the schema "
-                                  f"metadata) is damaged; run `dataflow verify`, then re-create the shard")
-            return layout
+            return checked_layout(meta[LAYOUT_KEY], self._reader.num_record_batches, self.name)
         # Written by another tool: learn the layout the slow way, once.
         out = []
         for i in range(self._reader.num_record_batches):
@@ -252,17 +260,9 @@ class ArrowShard:
     def _read(self, i: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
         try:
             rb = self._reader.get_batch(i)
-            rb.validate()
-            col, ids = rb.column(0), rb.column(1)
-            if col.null_count or ids.null_count or col.values.null_count:
-                raise FormatError(f"{self.name}: record batch {i} holds null documents, ids or tokens")
-            offsets, values = _view(col.offsets), _view(col.values)
         except (pa.ArrowException, OSError) as e:
-            raise FormatError(f"{self.name}: record batch {i} is unreadable ({_one_line(e)})") from None
-        if offsets[0] != 0:  # a sliced array: rebase
-            values = values[offsets[0]:offsets[-1]]
-            offsets = offsets - offsets[0]
-        return values, offsets, ids
+            raise FormatError(f"{self.name}: record batch {i} is unreadable ({one_line(e)})") from None
+        return checked_columns(rb, self.name, i)
 
     def where(self, i: int) -> str:
         """Record batch `i` in words, for errors."""
@@ -276,33 +276,9 @@ class ArrowShard:
                 yield doc_id, values[offsets[j]:offsets[j + 1]]
 
 
-_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.uint16(): np.uint16, pa.uint32(): np.uint32}
-
-
-def _view(array: pa.Array) -> np.ndarray:
-    """A zero-copy numpy view of a primitive Arrow array without nulls, from its buffer: `to_numpy` imports
-    pandas on first use when it is installed (1-2 s in each loader process's first batch)."""
-    if array.type not in _DTYPES:  # written by another tool: Arrow's way
-        return array.to_numpy(zero_copy_only=True)
-    dtype = np.dtype(_DTYPES[array.type])
-    data = array.buffers()[1]
-    if data is None or not len(array):
-        return np.zeros(0, dtype)
-    return np.frombuffer(data, dtype, count=len(array), offset=array.offset * dtype.itemsize)
-
-
-def _count(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_COUNT
-
-
-def _one_line(e: object) -> str:
-    """An Arrow message or schema on one line (Arrow's own span several)."""
-    return " ".join(str(e).split())
-
-
 def decode_arrow_shard(src: str, dst: str, source_sha256: str, name: str | None = None) -> int:
     """Write an uncompressed copy of the Arrow shard `src` to `dst`: the same schema, record batches and
-    layout, plus the source's sha256 in the schema metadata (so a reader can tell whose copy it is).
+    layout (not the source's byte ranges), plus the source's sha256 in the schema metadata (so a reader can tell whose copy it is).
     Readers memory-map the copy, so every process of a machine shares its pages. Returns its size; `name`
     is the shard in errors (default `src`)."""
     try:
@@ -310,7 +286,8 @@ def decode_arrow_shard(src: str, dst: str, source_sha256: str, name: str | None 
         # pool would keep it: a loader worker that decodes ahead must not grow by what it decoded
         reader = pa.ipc.open_file(pa.memory_map(src, "r"), options=pa.ipc.IpcReadOptions(use_threads=False),
                                   memory_pool=pa.system_memory_pool())
-        schema = reader.schema.with_metadata({**(reader.schema.metadata or {}), SOURCE_KEY: source_sha256.encode()})
+        meta = {k: v for k, v in (reader.schema.metadata or {}).items() if k != RANGES_KEY}  # the source's ranges
+        schema = reader.schema.with_metadata({**meta, SOURCE_KEY: source_sha256.encode()})
         with pa.OSFile(dst, "wb") as sink:
             with pa.ipc.new_file(sink, schema) as writer:
                 for i in range(reader.num_record_batches):
@@ -318,7 +295,7 @@ def decode_arrow_shard(src: str, dst: str, source_sha256: str, name: str | None 
     except (pa.ArrowException, OSError) as e:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise  # the disk of the copy is full: the shard is sound
-        raise FormatError(f"{name or src}: cannot decode this Arrow shard ({_one_line(e)}); run `dataflow verify`") \
+        raise FormatError(f"{name or src}: cannot decode this Arrow shard ({one_line(e)}); run `dataflow verify`") \
             from None
     finally:
         pa.system_memory_pool().release_unused()  # glibc keeps freed memory in its arenas otherwise

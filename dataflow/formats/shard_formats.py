@@ -104,10 +104,14 @@ class CheckedShard:
     (`name`: the shard as the user knows it, never a cache's copy) wherever it is read."""
 
     def __init__(self, path: str, fmt: str, info: ShardInfo, dtype: str | np.dtype, vocab_size: int,
-                 name: str | None = None, decoded_from: str | None = None):
+                 name: str | None = None, decoded_from: str | None = None, contents: ShardContents | None = None):
         self.path, self.name = path, name or path
         self.dtype, self.vocab_size = np.dtype(dtype), vocab_size
-        self.contents = shard_format(fmt).open(path, info, self.dtype, self.name, decoded_from)
+        if contents is None:
+            contents = shard_format(fmt).open(path, info, self.dtype, self.name, decoded_from)
+        else:  # opened otherwise (a remote shard read by ranges): its counts are checked here
+            info.check_holds(self.name, int(contents.doc_starts[-1]), int(contents.token_starts[-1]))
+        self.contents = contents
         self.token_starts, self.doc_starts = self.contents.token_starts, self.contents.doc_starts
 
     @property

@@ -239,6 +239,8 @@ FORMATS_LAYERS = [
     ("writer", "reader"),  # ShardWriter; whole documents back out, shard by shard
     ("shard_formats",),  # the ShardFormat interface, the registry by name, CheckedShard: opened and checked once
     ("arrow", "tar"),  # the two shard formats
+    ("arrow_ranges",),  # an Arrow shard's record batch ranges: written beside its layout, read a batch at a time
+    ("arrow_columns",),  # what an Arrow record batch and layout must hold, checked
     ("manifest",),  # index.json: the schema, read checked, written atomically
     ("remote", "manifest_bounds"),  # what every remote read shares; how far a manifest is read
     ("remote_errors", "atomic", "hashing", "arrays"),
