@@ -29,6 +29,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "DATAFLOW_RANGE_BYTES": ("size", "a remote shard over twice this size is downloaded as ranged GETs of "
                                      "this size, a few at once, the shard needed first ahead (default 8MB; none: "
                                      "one GET per shard)"),
+    "DATAFLOW_WHOLE_SHARDS": ("flag", "1: a remote zstd Arrow shard is read only once downloaded whole (default: "
+                                      "the record batches a reader needs first come as ranged GETs meanwhile)"),
     "DATAFLOW_FIRST_CONTACT_S": ("seconds", "seconds a dataset's first remote read (its manifest) may take in "
                                             "all, retries included (default 120)"),
     "DATAFLOW_MANIFEST_MAX_BYTES": ("size", "the most bytes a dataset's index.json is read to, like 2GB, or none "

@@ -25,7 +25,9 @@ from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
 from dataflow.loading import cache
 from dataflow.loading.cache import DISK_FULL  # no retry: waiting frees no space
-from dataflow.loading.link import Link, Order
+from dataflow.loading import ranged as ranged_reads
+from dataflow.loading.link import Link, Order, object_store
+from dataflow.loading.ranged import RangedReads
 
 RANGE_BYTES = 8 << 20  # a ranged GET's size, for shards over twice as large (DATAFLOW_RANGE_BYTES)
 
@@ -38,11 +40,12 @@ class _Corrupt(Exception):
 
 def download_verified(fs: Any, rpath: str, path: str, shard: ShardInfo, url: str, retries: int, dataset: str,
                       disk_full: Callable[[OSError], BaseException], done: Callable[[], None] = lambda: None,
-                      link: Link | None = None, order: Order | None = None) -> None:
+                      link: Link | None = None, order: Order | None = None, ranged: RangedReads | None = None) -> None:
     """`fs:rpath` into `path` (the cache entry), whole and verified, stamped as such, or an error. `done()` is
     called once it is in place, before its stamp makes it visible to readers (so a count of downloads is never
     behind what a reader sees). With a `link`, a shard over twice DATAFLOW_RANGE_BYTES comes as ranged GETs
-    on it (`order`: the fetch-ahead's place in the order of need; None: a reader waits for it)."""
+    on it (`order`: the fetch-ahead's place in the order of need; None: a reader waits for it), and what
+    `ranged` readers of this process fetched of it meanwhile is kept, not fetched again."""
     tmp = cache.part_path(path, shard.bytes)
     floor = remote.ProgressFloor(url)  # one per shard: it warns once, whatever the attempts
     step = range_bytes()
@@ -50,7 +53,7 @@ def download_verified(fs: Any, rpath: str, path: str, shard: ShardInfo, url: str
         try:
             floor.restart()
             if link is not None and step is not None and shard.bytes > 2 * step:
-                get_ranges(fs, rpath, tmp, shard.bytes, step, floor, link, order)
+                get_ranges(fs, rpath, tmp, shard.bytes, step, floor, link, order, ranged, path)
             else:
                 fs.get_file(rpath, tmp, callback=floor, **_one_get(fs))
             size, digest = cache.sha256_and_sync(tmp)
@@ -82,13 +85,18 @@ def range_bytes() -> int | None:
 
 
 def get_ranges(fs: Any, rpath: str, tmp: str, size: int, step: int, floor: remote.ProgressFloor, link: Link,
-               order: Order | None) -> None:
+               order: Order | None, ranged: RangedReads | None = None, entry: str = "") -> None:
     """The object as ranged GETs of `step` bytes on `link`, each written in place into `tmp` (made at its full
-    size first); the transfer floor is checked as each range ends. Object stores honour `Range`; another
+    size first), leaving out what a reader of `ranged` wrote there meanwhile (the download of `entry`); the
+    transfer floor is checked as each range ends. Object stores honour `Range`; another
     server's first ranged answer says whether it does (the other downloads wait for it): one that ignores it
     answers with the whole object, which is then the download, and later shards are one GET each."""
     spans = [(start, min(start + step, size)) for start in range(0, size, step)]
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
     floor.set_size(size)
     counted = threading.Lock()  # the floor is one callback; the ranges end on several threads
 
@@ -97,21 +105,25 @@ def get_ranges(fs: Any, rpath: str, tmp: str, size: int, step: int, floor: remot
             floor.relative_update(n)
 
     def get(span: tuple[int, int]) -> bool:
-        start, end = span
-        data = fs.cat_file(rpath, start=start, end=end)
-        if start == 0 and len(data) == size:  # Range ignored: this is all of it
-            os.pwrite(fd, data, 0)
-            arrived(size)
-            return True
-        if len(data) != end - start:
-            raise _Corrupt(f"bytes {start}-{end - 1} came back as {len(data)} bytes")
-        os.pwrite(fd, data, start)
-        arrived(len(data))
+        gaps = part.gaps(*span)
+        arrived(span[1] - span[0] - sum(b - a for a, b in gaps))  # a reader fetched the rest
+        for start, end in gaps:
+            data = fs.cat_file(rpath, start=start, end=end)
+            if start == 0 and len(data) == size:  # Range ignored: this is all of it
+                part.write(0, data)
+                arrived(size)
+                return True
+            if len(data) != end - start:
+                raise _Corrupt(f"bytes {start}-{end - 1} came back as {len(data)} bytes")
+            part.write(start, data)
+            arrived(len(data))
         return False
 
+    part = ranged_reads.Part(tmp)
+    if ranged is not None:
+        ranged.started(entry, part)
     try:
-        os.ftruncate(fd, size)
-        if link.honours_range is None and _object_store(fs):
+        if link.honours_range is None and object_store(fs):
             link.honours_range = True
         first, rest = 0, None
         if link.honours_range is None:
@@ -126,18 +138,17 @@ def get_ranges(fs: Any, rpath: str, tmp: str, size: int, step: int, floor: remot
         elif link.honours_range:
             link.run([functools.partial(get, span) for span in spans[first:]], order, first=first)
         elif not first:  # known to ignore Range: one GET, as for a small shard
-            os.close(fd)
-            fd = -1
+            _ended(ranged, entry, part)
             fs.get_file(rpath, tmp, callback=floor)
     finally:
-        if fd >= 0:
-            os.close(fd)
+        _ended(ranged, entry, part)
 
 
-def _object_store(fs: Any) -> bool:
-    """S3, GCS and Azure answer `Range` by their API's contract: no probe needed."""
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return any(p in ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss") for p in protocols)
+def _ended(ranged: RangedReads | None, entry: str, part: ranged_reads.Part) -> None:
+    """The download's part file is no longer written by ranges: readers find nothing more in it."""
+    if ranged is not None:
+        ranged.ended(entry, part)
+    part.close()
 
 
 def _one_get(fs: Any) -> dict[str, Any]:

@@ -13,16 +13,20 @@ import heapq
 import itertools
 import threading
 from concurrent.futures import Future, wait
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
 Order = tuple  # a fetch-ahead download's place in the order of need, `(tier, call, position)`; () for a reader's
 
 
+READER_STREAMS = 8  # a reader's own requests in flight beyond `streams`: a batch's few ranges never queue
+
+
 class Link:
-    """At most `streams` requests in flight: a reader's own first (in the order asked), then fetch-ahead
-    downloads by their `Order`; within a download, by position. `honours_range` is what this storage's
+    """At most `streams` fetch-ahead requests in flight, by their `Order` (within a download, by position), and
+    a reader's own requests first, in the order asked, up to `READER_STREAMS` more: what a reader waits for
+    never waits behind the fetch-ahead's requests. `honours_range` is what this storage's
     server was found to do with `Range` (None: not known yet; `probing` is held while one request finds out)."""
 
     def __init__(self, streams: int, name: str = "dataflow-link"):
@@ -31,6 +35,7 @@ class Link:
         self._heap: list[tuple[tuple, Future, Callable[[], object]]] = []
         self._threads = 0
         self._idle = 0
+        self._ahead_running = 0  # fetch-ahead requests in flight
         self._closed = False
         self._asked = itertools.count()
         self.honours_range: bool | None = None
@@ -79,8 +84,8 @@ class Link:
                 future.set_exception(RuntimeError("the link is closed"))
 
     def _start_threads(self, wanted: int) -> None:
-        """Under the lock: threads for up to `wanted` more requests, at most `streams` in all."""
-        while self._threads < self.streams and self._idle < wanted:
+        """Under the lock: threads for up to `wanted` more requests, at most `streams + READER_STREAMS` in all."""
+        while self._threads < self.streams + READER_STREAMS and self._idle < wanted:
             self._threads += 1
             self._idle += 1
             threading.Thread(target=self._serve, name=f"{self.name}-{self._threads}", daemon=True).start()
@@ -89,14 +94,16 @@ class Link:
     def _serve(self) -> None:
         while True:
             with self._cv:
-                while not self._heap and not self._closed:
+                while not self._closed and not self._startable():
                     self._cv.wait()
                 if not self._heap:
                     self._threads -= 1
                     self._idle -= 1
                     return
-                _, future, job = heapq.heappop(self._heap)
+                place, future, job = heapq.heappop(self._heap)
+                ahead = place[0] == 1
                 self._idle -= 1
+                self._ahead_running += ahead
             try:
                 if future.set_running_or_notify_cancel():
                     try:
@@ -106,3 +113,15 @@ class Link:
             finally:
                 with self._cv:
                     self._idle += 1
+                    self._ahead_running -= ahead
+                    self._cv.notify_all()
+
+    def _startable(self) -> bool:
+        """Under the lock: the first queued request may start (a reader's always; a fetch-ahead one within `streams`)."""
+        return bool(self._heap) and (self._heap[0][0][0] == 0 or self._ahead_running < self.streams)
+
+
+def object_store(fs: Any) -> bool:
+    """S3, GCS and Azure answer `Range` by their API's contract: no probe needed."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return any(p in ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss") for p in protocols)

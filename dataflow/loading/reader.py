@@ -9,6 +9,8 @@ for the epoch. Opening a shard times itself into the caller's `OpenTimes`, never
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +18,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataflow import env
+from dataflow.formats.arrow_ranges import PartialArrowShard
+from dataflow.formats.shard_formats import CheckedShard
 from dataflow.loading import decoded as decoded_mod
+from dataflow.loading import ranged
 from dataflow.loading.index import CurrentWindows, SampleIndex
-from dataflow.loading.shards import OpenShard
+from dataflow.loading.shards import OpenShard, Ranged
 from dataflow.errors import ConfigError
-from dataflow.loading.storage import Storage, work_ahead
+from dataflow.formats.manifest import ShardInfo
+from dataflow.loading.storage import Storage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,17 +52,26 @@ class ShardReader:
         self._check_room()
         self._open: dict[int, OpenShard] = {}
         self._bounds: dict[tuple[int, int], np.ndarray] = {}  # doc boundaries of samples read from a closed shard
+        self._heads: dict[int, bytes] = {}  # heads fetched together for shards about to be opened by ranges
         self._current: CurrentWindows = {}  # stream -> (its epoch, window) last read
         self._kept_key: tuple = ()
         self._ahead_key: tuple = ()
 
     def shard(self, k: int, times: OpenTimes | None = None) -> OpenShard:
-        """Shard k, opened (downloaded, decoded) if it is not yet; the time that took goes into `times`."""
+        """Shard k, opened (downloaded, decoded) if it is not yet; the time that took goes into `times`. A remote
+        zstd Arrow shard whose decoded copy is not here yet is read by ranges meanwhile (`_by_ranges`)."""
         shard = self._open.get(k)
         if shard is None:
             t0 = time.perf_counter()
             src, info = self.index.shards[k]
             m, storage = self.index.manifests[src], self.storages[src]
+            by_ranges = self._by_ranges(k)
+            if by_ranges is not None:
+                shard = self._open[k] = OpenShard(storage.url(info), m.format, info, m.tokenizer.vocab_size, m.dtype,
+                                                  name=storage.url(info), ranged=by_ranges)
+                if times is not None:
+                    times.fetch += time.perf_counter() - t0
+                return shard
             t_decode = time.perf_counter()
             path, decoded = decoded_mod.path_to_read(storage, info, self._decoded[src], m.compression == "zstd")
             self._decoded[src] = decoded  # None from now on if the cache became unwritable
@@ -65,6 +83,35 @@ class ShardReader:
                 times.decode += waited
                 times.fetch += time.perf_counter() - t0 - waited
         return shard
+
+    def _by_ranges(self, k: int) -> Ranged | None:
+        """A remote zstd Arrow shard's record batches by ranged GETs until its decoded copy is here (its head
+        fetched now), or None: read it whole (local, another format, its copy here, a server without ranges,
+        a shard without recorded ranges, DATAFLOW_WHOLE_SHARDS)."""
+        src, info = self.index.shards[k]
+        m, storage, decode = self.index.manifests[src], self.storages[src], self._decoded[src]
+        head = self._heads.pop(k, None)
+        if not self._rangeable(src, info):
+            return None
+        name = storage.url(info)
+        try:
+            contents = PartialArrowShard(head or storage.ranged.head(info), info.bytes, name,
+                                         functools.partial(storage.ranged.read, info))
+        except Exception as e:  # the whole shard's download retries, checks and says what is wrong
+            log.debug("%s: not read by ranges (%s)", name, e)
+            return None
+
+        def whole() -> CheckedShard:
+            path, self._decoded[src] = decoded_mod.path_to_read(storage, info, self._decoded[src], True)
+            return CheckedShard(path, m.format, info, m.dtype, m.tokenizer.vocab_size, name,
+                                info.sha256 if self._decoded[src] else None)
+
+        return Ranged(contents, functools.partial(storage.decoded_ready, info, decode[0]), whole)
+
+    def _rangeable(self, src: int, info: ShardInfo) -> bool:
+        m, storage, decode = self.index.manifests[src], self.storages[src], self._decoded[src]
+        return bool(storage.remote and decode and m.format == "arrow" and not env.flag("DATAFLOW_WHOLE_SHARDS")
+                    and not storage.decoded_ready(info, decode[0]))
 
     def _check_room(self) -> None:
         """Refuse a cache_limit below what one shuffle window needs in the cache: every shard of a window is in
@@ -137,6 +184,7 @@ class ShardReader:
         keep = self._keep() if self._current else None  # None: random access (`ds[i]`), see `bound`
         last = {k: i for i, k in enumerate(ks)}
         self._bounds = {}
+        self._fetch_by_ranges(ks, js, times)
         out = []
         for i, (k, j) in enumerate(zip(ks, js)):
             if keep is not None and k not in self._open:
@@ -147,6 +195,30 @@ class ShardReader:
             if keep is not None and k not in keep:  # closed before this batch is packed: keep what `pack` needs of it
                 self._bounds[(k, j)] = shard.doc_boundaries(j * L, L)
         return out
+
+    def _fetch_by_ranges(self, ks: list[int], js: list[int], times: OpenTimes) -> None:
+        """Before a batch's samples are read: the heads of the shards it opens that are read by ranges, then
+        the record batches it needs of every such shard, each set at once (a round trip each, not one a sample)."""
+        new = sorted({k for k in ks if k not in self._open and self._rangeable(*self.index.shards[k])})
+        if len(new) > 1:
+            t0 = time.perf_counter()
+            heads = ranged.at_once(lambda k: self.storages[self.index.shards[k][0]].ranged.head(
+                self.index.shards[k][1]), new)
+            self._heads.update((k, h) for k, h in zip(new, heads) if isinstance(h, bytes))
+            times.fetch += time.perf_counter() - t0
+        for k in new:
+            self.shard(k, times)
+        L = self.index.seq_len
+        wanted = []
+        for k, j in sorted(set(zip(ks, js))):
+            shard = self._open.get(k)
+            if shard is not None and shard.by_ranges:
+                first, last = np.searchsorted(shard.token_starts, [j * L, j * L + L], side="right") - 1
+                wanted += [(shard, i) for i in range(int(first), int(last) + 1) if i not in shard.batches]
+        if len(wanted) > 1:
+            t0 = time.perf_counter()
+            ranged.at_once(lambda job: job[0].batch(job[1]), list(dict.fromkeys(wanted)))
+            times.fetch += time.perf_counter() - t0
 
     def _keep(self) -> set[int]:
         """Shards of the current shuffle windows."""
@@ -181,7 +253,14 @@ class ShardReader:
                 "decode_cpu_s": sum(s.decode_s for s in self.storages)}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_open": {}, "_kept_key": (), "_ahead_key": (), "_bounds": {}}  # open shards: per process
+        return {**self.__dict__, "_open": {}, "_kept_key": (), "_ahead_key": (), "_bounds": {}, "_heads": {}}  # open shards: per process
+
+
+def work_ahead(storages: list[Storage], tiers: list[list[tuple[int, ShardInfo]]],
+               decode: list[tuple[str, int] | None]) -> None:
+    """`Storage.work_ahead` of every source: `tiers` of `(source index, shard)` pairs in the order of need."""
+    for src, storage in enumerate(storages):
+        storage.work_ahead([[info for s, info in tier if s == src] for tier in tiers], decode=decode[src])
 
 
 def _positions(boundaries: np.ndarray, length: int) -> np.ndarray:

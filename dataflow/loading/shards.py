@@ -8,12 +8,28 @@ loader moves past its shuffle window; a tar shard, which has no random access, p
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+from dataflow.errors import FormatError
 from dataflow.formats.manifest import ShardInfo
-from dataflow.formats.shard_formats import CheckedShard
+from dataflow.formats.shard_formats import CheckedShard, ShardContents
+
+log = logging.getLogger(__name__)
+RANGED_BATCHES_KEPT = 32  # record batches a shard read by ranges keeps in memory (~16 MB of uint16)
+
+
+@dataclass
+class Ranged:
+    """A remote shard read by ranges until its whole copy is here: `contents` serves its record batches,
+    `ready()` says the whole copy can be read without waiting, `whole()` opens it (waiting for it)."""
+
+    contents: ShardContents
+    ready: Callable[[], bool]
+    whole: Callable[[], CheckedShard]
 
 
 @dataclass
@@ -37,17 +53,48 @@ class OpenShard:
     """
 
     def __init__(self, path: str, fmt: str, info: ShardInfo, vocab_size: int, dtype: str,
-                 decoded_from: str | None = None, name: str | None = None):
-        self._shard = CheckedShard(path, fmt, info, dtype, vocab_size, name, decoded_from)
+                 decoded_from: str | None = None, name: str | None = None, ranged: Ranged | None = None):
+        self._shard = CheckedShard(path, fmt, info, dtype, vocab_size, name, decoded_from,
+                                   contents=ranged.contents if ranged else None)
+        self._ranged = ranged
         self.path, self.name = path, self._shard.name  # the file read; the shard as the user knows it
         self.token_starts, self.doc_starts = self._shard.token_starts, self._shard.doc_starts
         self.batches: dict[int, Batch] = {}
 
+    @property
+    def by_ranges(self) -> bool:
+        """Whether record batches still come by ranged requests (its whole copy not here yet)."""
+        return self._ranged is not None
+
     def batch(self, i: int) -> Batch:
         b = self.batches.get(i)
         if b is None:
-            b = self.batches[i] = Batch(*self._shard.batch(i))
+            b = self.batches[i] = Batch(*self._load(i))
+            if self._ranged is not None and len(self.batches) > RANGED_BATCHES_KEPT:
+                del self.batches[next(iter(self.batches))]  # the oldest: memory stays bounded until the whole copy
         return b
+
+    def _load(self, i: int) -> tuple:
+        if self._ranged is not None:
+            if not self._ranged.ready():
+                try:
+                    return self._shard.batch(i)
+                except Exception as e:  # the whole copy's download retries, checks and says what is wrong
+                    log.info("%s: record batch %d by range failed (%s); waiting for the whole shard", self.name, i, e)
+            self._to_whole()
+        return self._shard.batch(i)
+
+    def _to_whole(self) -> None:
+        """Read the whole copy from now on (waiting for it): the same layout, or the shard changed meanwhile."""
+        assert self._ranged is not None
+        shard = self._ranged.whole()
+        self._ranged = None
+        if not (np.array_equal(shard.token_starts, self.token_starts) and
+                np.array_equal(shard.doc_starts, self.doc_starts)):
+            raise FormatError(f"{self.name}: its record batches are not those its ranges described; the shard "
+                              "changed while it was read (run `dataflow verify`)")
+        self._shard, self.path = shard, shard.path
+        self.batches.clear()
 
     def token_run(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start+length) of the shard's token stream (a view when it fits one batch)."""

@@ -35,11 +35,12 @@ from dataflow.loading.ahead import Fetch, FetchAhead
 from dataflow.loading.cache import lock, release
 from dataflow.loading.holds import Holds
 from dataflow.loading.link import Link, Order
+from dataflow.loading.ranged import RangedReads
 from dataflow.loading.cache import DISK_FULL
 from dataflow.loading.download import cache_full, checked_again, download_verified
 from dataflow.loading.cache import DEFAULT_SHARE, default_cache_dir  # noqa: F401  (part of this module's face)
 
-__all__ = ["Storage", "StorageError", "default_cache_dir", "work_ahead"]
+__all__ = ["Storage", "StorageError", "default_cache_dir"]
 log = logging.getLogger(__name__)
 
 RETRIES = remote.RETRIES  # attempts per download
@@ -92,6 +93,7 @@ class Storage:
         self._holds = Holds(on_release=self._wake)  # the entries in use here (reading, or fetched ahead)
         self._ahead = FetchAhead(self.fetch_ahead_workers, "dataflow-fetch-ahead")
         self._link = Link(self.fetch_ahead_workers)  # the ranged GETs of large shards, in the order of need
+        self.ranged = RangedReads(lambda: self._link, self._remote_path, self._entry, self.url)  # a batch alone
         self._calls = 0  # work_ahead calls: the order of need between them
         self._fs: Any = None
         self._fs_pid = -1
@@ -160,6 +162,10 @@ class Storage:
             with self._mu:
                 self.decode_hits += 1
         return path
+
+    def decoded_ready(self, shard: ShardInfo, fmt: str) -> bool:
+        """Whether the shard's decoded copy is in the cache now (`decoded_path` would not wait for it)."""
+        return os.path.exists(self._entry(shard) + decoded.suffix(fmt))
 
     def cache_bytes(self, shard: ShardInfo, decode: tuple[str, int] | None) -> int:
         """The bytes the shard takes in the cache once ready: its decoded copy (estimated from the manifest's
@@ -345,7 +351,11 @@ class Storage:
         fs, rroot = self._filesystem()
         download_verified(fs, remote.shard_url(rroot, shard.path), path, shard, self.url(shard),
                           self.retries, self.root, lambda e: self._full(shard, e), done=self._downloaded,
-                          link=self._link, order=order)
+                          link=self._link, order=order, ranged=self.ranged)
+
+    def _remote_path(self, shard: ShardInfo) -> tuple[Any, str]:
+        fs, rroot = self._filesystem()
+        return fs, remote.shard_url(rroot, shard.path)
 
     def _downloaded(self) -> None:
         with self._mu:
@@ -366,13 +376,6 @@ class Storage:
         """For what a reader waits for: evict what is not in use; the limit is passed only by what is."""
         if self.cache_limit is not None:
             cache.evict(self.cache_dir, self.cache_limit, incoming)
-
-
-def work_ahead(storages: list[Storage], tiers: list[list[tuple[int, ShardInfo]]],
-               decode: list[tuple[str, int] | None]) -> None:
-    """`Storage.work_ahead` of every source: `tiers` of `(source index, shard)` pairs in the order of need."""
-    for src, storage in enumerate(storages):
-        storage.work_ahead([[info for s, info in tier if s == src] for tier in tiers], decode=decode[src])
 
 
 def _reset_after_fork() -> None:

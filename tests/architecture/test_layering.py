@@ -53,6 +53,7 @@ LOADING_LAYERS = [
     ("index", "shards"),
     ("storage",),
     ("decoded", "download", "holds", "ahead"),  # holds: entries in use; ahead: fetch-ahead in the order of need
+    ("ranged",),  # a remote shard's record batches by ranged GETs, kept by its download in flight
     ("cache", "link"),  # link: the ranged GETs of one Storage, in the order of need
     ("mixing", "shuffle", "stages"),
     ("contract",),  # the doors: BatchSource, SampleSource, FillReport

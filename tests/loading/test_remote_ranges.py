@@ -34,8 +34,10 @@ def _same(got, want) -> bool:
 
 
 def test_a_large_s3_shard_is_ranged_gets_each_byte_once(kjv, tmp_path, monkeypatch):
-
+    """The download's own ranges (the reader waits for the whole shard here: `test_remote_batches.py` reads
+    record batches by ranges meanwhile)."""
     monkeypatch.setenv("DATAFLOW_RANGE_BYTES", str(STEP))
+    monkeypatch.setenv("DATAFLOW_WHOLE_SHARDS", "1")
     path = kjv_lines_dataset(tmp_path / "ds", 2_000_000, "4MB")  # one shard of ~1.3 MB compressed
     gets = shard_gets(monkeypatch)
     with moto_s3("ranges") as (endpoint, client):
@@ -163,8 +165,9 @@ def test_queued_requests_go_in_the_order_of_need():
     link.close()
 
 
-def test_the_link_serves_a_waiting_reader_before_fetch_ahead():
-    """One request in flight: queued fetch-ahead requests wait while a reader's own request goes next."""
+def test_a_readers_request_never_waits_behind_fetch_ahead():
+    """One fetch-ahead request in flight of one allowed: the other fetch-ahead requests queue behind it, while a
+    reader's own request starts at once."""
     link = Link(1)
     started, gate, ran = threading.Event(), threading.Event(), []
 
@@ -172,18 +175,13 @@ def test_the_link_serves_a_waiting_reader_before_fetch_ahead():
         started.set()
         gate.wait(10)
 
-    threads = [threading.Thread(target=link.run, args=([blocker],))]
-    threads[0].start()
+    busy = link.submit([blocker], (0, 0, 0))
     assert started.wait(10)
-    threads.append(threading.Thread(target=link.run, args=([lambda: ran.append("ahead")] * 2, (0, 1, 0))))
-    threads[1].start()
-    threads.append(threading.Thread(target=link.run, args=([lambda: ran.append("urgent")], None)))
-    threads[2].start()
-    while len(link._heap) < 3:  # both queued behind the blocker
-        threading.Event().wait(0.01)
+    ahead = link.submit([lambda: ran.append("ahead")] * 2, (0, 1, 0))
+    assert link.run([lambda: ran.append("urgent")]) == [None]  # while the blocker still runs
+    assert ran == ["urgent"] and len(link._heap) == 2
     gate.set()
-    for t in threads:
-        t.join(10)
+    link.wait(busy + ahead)
     assert ran == ["urgent", "ahead", "ahead"]
     link.close()
 
