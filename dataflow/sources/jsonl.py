@@ -29,8 +29,8 @@ from dataflow.formats import arrays
 from dataflow.sources.compressed import open_decompressed
 from dataflow.sources.kind import JSONL, InputKind, TextFields, text_fields
 from dataflow.sources.listing import split_compression
-from dataflow.sources.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
-                                                 id_text, not_text)
+from dataflow.sources.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column, id_text,
+                                      not_text, one_array)
 
 if TYPE_CHECKING:
     from dataflow.sources.records import Unit
@@ -215,11 +215,11 @@ def _pyarrow_jsonl(chunk: bytes | pa.Buffer, text: TextFields, id_field: str, li
             table.validate(full=True)  # the reader does not check that strings are UTF-8
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # try integer ids; then json.loads, line by line
             continue
-        columns = [table.column(name).combine_chunks() for name in text.names]
+        columns = [one_array(table.column(name)) for name in text.names]
         if any(column.null_count for column in columns):  # a field missing or null: json.loads tells which
             return None
         texts = text.join(columns)
-        ids = id_column(table.column(id_field).combine_chunks())
+        ids = id_column(one_array(table.column(id_field)))
         if table.num_rows != lines:  # blank lines (which pyarrow skips), else two objects on one line
             at = _records_at(chunk, lines, table.num_rows)
             if at is None:

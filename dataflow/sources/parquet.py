@@ -38,8 +38,8 @@ from dataflow.errors import DataflowError, InputError
 from dataflow.formats import arrays, remote
 from dataflow.formats.remote_errors import explain, first_line, read_failed
 from dataflow.sources.kind import PARQUET, InputKind, TextFields, text_fields
-from dataflow.sources.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column,
-                                                 id_text, not_text, null_errors)
+from dataflow.sources.records import (BLOCK_BYTES, Block, Record, Span, block_of, checked, id_column, id_text,
+                                      not_text, null_errors, one_array)
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -212,8 +212,8 @@ def table_blocks(table: pa.Table, text: TextFields | str, id_field: str) -> Iter
     """A table of records (a row group, a record batch) in blocks of about BLOCK_BYTES of text, the text
     fields of each record joined into its document."""
     fields = text_fields(text)
-    columns = [table.column(name).combine_chunks() for name in fields.names]
-    ids = table.column(id_field).combine_chunks() if id_field in table.column_names else pa.nulls(table.num_rows)
+    columns = [one_array(table.column(name)) for name in fields.names]
+    ids = one_array(table.column(id_field)) if id_field in table.column_names else pa.nulls(table.num_rows)
     if not all(pa.types.is_string(c.type) or pa.types.is_large_string(c.type) for c in columns):
         yield block_of(list(typed_records([c.to_pylist() for c in columns], ids.to_pylist(), fields)))
         return
