@@ -26,11 +26,14 @@ coordinator CPU-s per GB) GB/s.
 
     python tools/bench_tokenize.py families                       # 20 MB per corpus, all families, 1 and 2 workers
     python tools/bench_tokenize.py families --quick --families gpt2 --corpora kjv      # a few hundred KB
+    python tools/bench_tokenize.py families --large   # 1 GB of KJV, gpt2, 1 worker: start-up ~5% of the run
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
 import os
 import random
@@ -211,20 +214,23 @@ def run_raw(kind: str, spec: str, texts: list[str], workers: int) -> dict:
 
 
 def bench_family(family: str, corpus: str, paths: tuple[str, str], texts: list[str], workers: list[int],
-                 work: str, marginal: bool, timeout: float) -> list[dict]:
-    """Rows for one family on one corpus: raw tokenizers once, then per N raw engine, ours (and ours on tiny)."""
-    spec, mb = tokenizer_path(family), sum(len(t.encode("utf-8")) for t in texts) / 1e6
-    rate = lambda r: {"mb_s": mb / r["wall_s"], "mb_cpu_s": mb / r["cpu_s"]}  # noqa: E731
-    hf = run_raw("tokenizers", spec, texts, 1) | {"text_mb": mb}
-    hf |= rate(hf)
+                 work: str, marginal: bool, timeout: float, tokenizers_mb: float | None = None) -> list[dict]:
+    """Rows for one family on one corpus: raw tokenizers once (on the first `tokenizers_mb` MB of text if given: a
+    rate, slow to take on a GB), then per N raw engine, ours (and ours on tiny)."""
+    sizes = list(itertools.accumulate(len(t.encode("utf-8")) for t in texts))
+    spec, mb = tokenizer_path(family), sizes[-1] / 1e6
+    rate = lambda r, mb: {"mb_s": mb / r["wall_s"], "mb_cpu_s": mb / r["cpu_s"]}  # noqa: E731
+    n = bisect.bisect_left(sizes, tokenizers_mb * 1e6) + 1 if tokenizers_mb else len(texts)
+    hf = run_raw("tokenizers", spec, texts[:n], 1) | {"text_mb": sizes[min(n, len(texts)) - 1] / 1e6}
+    hf |= rate(hf, hf["text_mb"])
     rows = []
     for n in workers:
         out = os.path.join(work, f"out-{corpus}-{family}-{n}")
         ours = run_ours(paths[0], out, spec, n, timeout)
-        ours |= rate(ours)
+        ours |= rate(ours, mb)
         kind = {"hf": "tokenizers"}.get(ours["engine"], ours["engine"])
         raw = run_raw(kind, spec, texts, n)
-        raw |= rate(raw)
+        raw |= rate(raw, mb)
         row = {"family": family, "corpus": corpus, "workers": n, "text_mb": mb, "engine": ours["engine"],
                "ours": ours, "raw": raw, "raw_tokenizers": hf}
         if marginal:
@@ -352,7 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default=os.path.join(ROOT, "bench-out", "tokenize-families"))
     p.add_argument("--json", default=os.path.join(ROOT, "bench-out", "results", "tokenize-families.json"))
     p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--tokenizers-mb", type=float, default=None, help="raw tokenizers on this many MB only (--large)")
+    p.add_argument("--large", action="store_true", help="1 GB of text, gpt2 on kjv at 1 worker (start-up ~5%%)")
     args = p.parse_args(argv)
+    if args.large:
+        args.mb, args.families, args.corpora, args.workers = 1000.0, "gpt2", "kjv", "1"
+        args.tokenizers_mb = args.tokenizers_mb or 50.0
     families = [f for f in args.families.split(",") if f]
     unknown = sorted(set(families) - set(FAMILIES)) + sorted(set(args.corpora.split(",")) - {"kjv", "code"})
     if unknown:
@@ -374,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         print_header()
         for family in families:
             rows += bench_family(family, corpus, (path, tiny), texts, workers, args.work, not args.quick,
-                                 args.timeout)
+                                 args.timeout, args.tokenizers_mb)
         print(f"\nCPU accounting, {corpus} (the coordinator is the main process; its per-GB cost is the serial part)")
         for line in cpu_lines([r for r in rows if r["corpus"] == corpus]):
             print("  " + line)
