@@ -98,7 +98,8 @@ class PartialArrowShard:
             raise FormatError(f"{self.name}: record batch {i}'s bytes do not match their sha256 (damaged in transit "
                               "or in the file); run `dataflow verify`")
         try:
-            rb = pa.ipc.open_stream(pa.py_buffer(self._schema_message + data + _EOS)).read_next_batch()
+            rb = pa.ipc.open_stream(pa.py_buffer(self._schema_message + data + _EOS),
+                                    memory_pool=pa.system_memory_pool()).read_next_batch()  # freed when dropped
         except (pa.ArrowException, OSError, StopIteration) as e:
             raise FormatError(f"{self.name}: record batch {i} is unreadable ({one_line(e)})") from None
         values, offsets, ids = checked_columns(rb, self.name, i)

@@ -58,7 +58,7 @@ class Link:
                 future: Future = Future()
                 heapq.heappush(self._heap, ((*place, first + i, next(self._asked)), future, job))
                 futures.append(future)
-            self._start_threads(len(jobs))
+            self._start_threads()
             self._cv.notify_all()
         return futures
 
@@ -83,13 +83,13 @@ class Link:
             if future.set_running_or_notify_cancel():
                 future.set_exception(RuntimeError("the link is closed"))
 
-    def _start_threads(self, wanted: int) -> None:
-        """Under the lock: threads for up to `wanted` more requests, at most `streams + READER_STREAMS` in all."""
-        while self._threads < self.streams + READER_STREAMS and self._idle < wanted:
+    def _start_threads(self) -> None:
+        """Under the lock: a thread for each queued request that no idle thread will take, at most
+        `streams + READER_STREAMS` in all (an idle thread may not have taken an earlier request yet)."""
+        while self._threads < self.streams + READER_STREAMS and self._idle < len(self._heap):
             self._threads += 1
             self._idle += 1
             threading.Thread(target=self._serve, name=f"{self.name}-{self._threads}", daemon=True).start()
-            wanted -= 1
 
     def _serve(self) -> None:
         while True:

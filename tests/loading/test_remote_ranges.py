@@ -186,6 +186,20 @@ def test_a_readers_request_never_waits_behind_fetch_ahead():
     link.close()
 
 
+def test_requests_asked_one_at_a_time_by_several_readers_run_together():
+    """Each request asked alone, from its own thread, right after another: all of them in flight at once (a
+    thread already started but not yet serving must not count for the next request too)."""
+    link = Link(1)
+    together = threading.Barrier(6, timeout=10)  # fails unless all six run at the same time
+    threads = [threading.Thread(target=link.run, args=([together.wait],)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert not together.broken
+    link.close()
+
+
 def test_a_failed_request_ends_the_download_only_after_the_others_stop():
     """run() raises the first failure, with nothing of that download still running (its file may be closed)."""
     link = Link(3)
