@@ -24,8 +24,9 @@ JOURNAL_NAME = "journal.json"
 INPUTS_NAME = "inputs.json"
 VERSIONS_NAME = "input_versions.json"
 # 2: spills hold blocks of documents; 3: written record batches stay in the shard's temp file;
-# 4: workers write whole shards, the journal lists them (no open shard, no spill)
-JOURNAL_VERSION = 4
+# 4: workers write whole shards, the journal lists them (no open shard, no spill); 5: Arrow record batches of
+# 256K tokens with their byte ranges (a run of 4 resumed would mix two shard layouts in one dataset)
+JOURNAL_VERSION = 5
 
 
 def save_seconds() -> float:
