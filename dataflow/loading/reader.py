@@ -23,6 +23,7 @@ from dataflow.formats.arrow_ranges import PartialArrowShard
 from dataflow.formats.shard_formats import CheckedShard
 from dataflow.loading import decoded as decoded_mod
 from dataflow.loading import ranged
+from dataflow.loading.download import range_bytes
 from dataflow.loading.index import CurrentWindows, SampleIndex
 from dataflow.loading.shards import OpenShard, Ranged
 from dataflow.errors import ConfigError
@@ -109,9 +110,13 @@ class ShardReader:
         return Ranged(contents, functools.partial(storage.decoded_ready, info, decode[0]), whole)
 
     def _rangeable(self, src: int, info: ShardInfo) -> bool:
+        """Whether shard `info` is read by ranges until its decoded copy is here: a remote zstd Arrow shard whose
+        download is itself ranged (over twice DATAFLOW_RANGE_BYTES), so that it keeps what the reader fetched; a
+        smaller one comes in one GET, soon, and fetching its batches too would cost up to its size again."""
         m, storage, decode = self.index.manifests[src], self.storages[src], self._decoded[src]
-        return bool(storage.remote and decode and m.format == "arrow" and not env.flag("DATAFLOW_WHOLE_SHARDS")
-                    and not storage.decoded_ready(info, decode[0]))
+        step = range_bytes()
+        return bool(storage.remote and decode and m.format == "arrow" and step is not None and info.bytes > 2 * step
+                    and not env.flag("DATAFLOW_WHOLE_SHARDS") and not storage.decoded_ready(info, decode[0]))
 
     def _check_room(self) -> None:
         """Refuse a cache_limit below what one shuffle window needs in the cache: every shard of a window is in

@@ -55,9 +55,7 @@ def test_the_current_window_is_fetched_before_the_next_starts(kjv, tmp_path):
 
 
 def test_a_shard_larger_than_the_block_size_is_one_get(kjv, tmp_path, monkeypatch):
-    """The download's GETs (the reader waits for the whole shard here: `test_remote_batches.py` reads record
-    batches by ranges meanwhile)."""
-    monkeypatch.setenv("DATAFLOW_WHOLE_SHARDS", "1")
+    """A shard too small for a ranged download is not read by ranges either (its bytes could not be kept)."""
     path = kjv_lines_dataset(tmp_path / "ds", 1_500_000, "4MB")  # one shard of ~1 MB compressed
     gets = shard_gets(monkeypatch)
     with moto_s3("bench-one-get") as (endpoint, client):
