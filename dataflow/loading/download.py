@@ -25,9 +25,8 @@ from dataflow.formats.manifest import ShardInfo
 from dataflow.formats.remote_errors import explain
 from dataflow.loading import cache
 from dataflow.loading.cache import DISK_FULL  # no retry: waiting frees no space
-from dataflow.loading import ranged as ranged_reads
 from dataflow.loading.link import Link, Order, object_store
-from dataflow.loading.ranged import RangedReads
+from dataflow.loading.ranged import Part, RangedReads
 
 RANGE_BYTES = 8 << 20  # a ranged GET's size, for shards over twice as large (DATAFLOW_RANGE_BYTES)
 
@@ -119,7 +118,7 @@ def get_ranges(fs: Any, rpath: str, tmp: str, size: int, step: int, floor: remot
             arrived(len(data))
         return False
 
-    part = ranged_reads.Part(tmp)
+    part = Part(tmp)
     if ranged is not None:
         ranged.started(entry, part)
     try:
@@ -144,7 +143,7 @@ def get_ranges(fs: Any, rpath: str, tmp: str, size: int, step: int, floor: remot
         _ended(ranged, entry, part)
 
 
-def _ended(ranged: RangedReads | None, entry: str, part: ranged_reads.Part) -> None:
+def _ended(ranged: RangedReads | None, entry: str, part: Part) -> None:
     """The download's part file is no longer written by ranges: readers find nothing more in it."""
     if ranged is not None:
         ranged.ended(entry, part)

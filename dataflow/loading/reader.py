@@ -213,6 +213,8 @@ class ShardReader:
             times.fetch += time.perf_counter() - t0
         for k in new:
             self.shard(k, times)
+        if not any(shard.by_ranges for shard in self._open.values()):
+            return  # every shard whole (the rule once the window's copies are here): nothing to gather
         L = self.index.seq_len
         wanted = []
         for k, j in sorted(set(zip(ks, js))):

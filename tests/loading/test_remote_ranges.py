@@ -145,10 +145,9 @@ def test_two_shards_fetched_ahead_at_once_ask_each_range_once(kjv, tmp_path, mon
         assert starts == list(range(0, s.bytes, STEP))
 
 
-def test_queued_requests_go_in_the_order_of_need():
-    """One request in flight: a later shard's requests queued first still wait for the earlier shard's."""
-    link = Link(1)
-    started, gate, ran = threading.Event(), threading.Event(), []
+def _busy(link: Link) -> tuple[threading.Event, list]:
+    """A fetch-ahead request in flight on `link` until the gate returned is set; its futures."""
+    started, gate = threading.Event(), threading.Event()
 
     def blocker():
         started.set()
@@ -156,6 +155,13 @@ def test_queued_requests_go_in_the_order_of_need():
 
     busy = link.submit([blocker], (0, 0, 0))
     assert started.wait(10)
+    return gate, busy
+
+
+def test_queued_requests_go_in_the_order_of_need():
+    """One request in flight: a later shard's requests queued first still wait for the earlier shard's."""
+    link, ran = Link(1), []
+    gate, busy = _busy(link)
     later = link.submit([lambda i=i: ran.append(("second", i)) for i in range(3)], (0, 1, 1))
     earlier = link.submit([lambda i=i: ran.append(("first", i)) for i in range(3)], (0, 1, 0))
     gate.set()
@@ -168,15 +174,8 @@ def test_queued_requests_go_in_the_order_of_need():
 def test_a_readers_request_never_waits_behind_fetch_ahead():
     """One fetch-ahead request in flight of one allowed: the other fetch-ahead requests queue behind it, while a
     reader's own request starts at once."""
-    link = Link(1)
-    started, gate, ran = threading.Event(), threading.Event(), []
-
-    def blocker():
-        started.set()
-        gate.wait(10)
-
-    busy = link.submit([blocker], (0, 0, 0))
-    assert started.wait(10)
+    link, ran = Link(1), []
+    gate, busy = _busy(link)
     ahead = link.submit([lambda: ran.append("ahead")] * 2, (0, 1, 0))
     assert link.run([lambda: ran.append("urgent")]) == [None]  # while the blocker still runs
     assert ran == ["urgent"] and len(link._heap) == 2
